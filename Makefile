@@ -1,0 +1,52 @@
+# Scalable Topics — developer entry points. Everything runs from the repo's own virtualenv.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DATA_DIR ?= .local/run
+PYTEST_ARGS ?=
+
+.PHONY: install run test lint typecheck unit bench crds images deploy clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark,bench]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python -m scalable_topics.cli.main demo --data-dir $(DATA_DIR)
+
+lint: $(STAMP)
+	$(BIN)/ruff check operator broker-image tests bench
+	$(BIN)/ruff format --check operator broker-image tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+# pytest exits 5 when it collected nothing; that is not a failure of the suite.
+test: lint typecheck
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.run
+
+crds: $(STAMP)
+	$(BIN)/python -m scalable_topics.cli.crdgen crds
+
+images:
+	@echo "No container engine on this machine: Dockerfiles are linted, not built."
+	$(BIN)/python -m bench.lint_dockerfiles Dockerfile broker-image/Dockerfile
+
+deploy:
+	kubectl apply -f crds/
+	kubectl apply -k manifests/base
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
