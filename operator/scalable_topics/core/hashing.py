@@ -29,3 +29,10 @@ def segment_hash(key: str | bytes) -> int:
 def bucket_hash(key: str | bytes) -> int:
     """Position of the key on the 16-bit entry-bucket ring (PIP-486 ``hashB``)."""
     return key_hash(key) & 0xFFFF
+
+
+def shard_of(namespace: str, name: str, shards: int) -> int:
+    """The leadership shard of a topic: ``mmh3("<ns>/<name>") % shards`` (DESIGN §4)."""
+    if shards < 1:
+        raise ValueError(f"shard count must be at least 1, got {shards}")
+    return key_hash(f"{namespace}/{name}") % shards
