@@ -1,0 +1,71 @@
+"""Prometheus metrics of the operator, with PIP-483's names where PIP-483 names them."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+TOPIC_LABELS = ("namespace", "topic")
+
+ACTIVE_SEGMENTS = Gauge(
+    "scalable_topic_active_segments", "Active segments of a topic", TOPIC_LABELS
+)
+LAYOUT_EPOCH = Gauge("scalable_topic_layout_epoch", "Layout epoch of a topic", TOPIC_LABELS)
+AUTO_SPLITS = Counter(
+    "scalable_topic_auto_splits_total", "Splits decided by the auto-scaler", TOPIC_LABELS
+)
+AUTO_MERGES = Counter(
+    "scalable_topic_auto_merges_total", "Merges decided by the auto-scaler", TOPIC_LABELS
+)
+AUTO_REBUCKETS = Counter(
+    "scalable_topic_auto_rebuckets_total",
+    "Rebucket rollovers decided by the auto-scaler",
+    TOPIC_LABELS,
+)
+SPLIT_SUPPRESSED_MAX_SEGMENTS = Counter(
+    "scalable_topic_split_suppressed_max_segments_total",
+    "Split passes skipped because the topic is at maxSegments",
+    TOPIC_LABELS,
+)
+MERGE_SUPPRESSED_MAX_DEPTH = Counter(
+    "scalable_topic_merge_suppressed_max_depth_total",
+    "Cold pairs not merged because a lineage is at maxDagDepth",
+    TOPIC_LABELS,
+)
+OPERATIONS = Counter(
+    "scalable_topic_operations_total",
+    "Layout operations finished, by kind, source and outcome",
+    (*TOPIC_LABELS, "kind", "source", "outcome"),
+)
+OPERATION_SECONDS = Histogram(
+    "scalable_topic_operation_duration_seconds",
+    "Time from recording an operation's intent to committing its layout",
+    ("kind",),
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+FAILOVERS = Counter(
+    "scalable_topic_controller_failovers_total",
+    "Times this replica became the leader of a shard",
+    ("shard",),
+)
+LEADER = Gauge(
+    "scalable_topic_controller_leader", "1 while this replica leads the shard", ("shard",)
+)
+RECONCILES = Counter(
+    "scalable_topic_reconciles_total", "Topic reconciliations, by outcome", ("outcome",)
+)
+RECONCILE_SECONDS = Histogram(
+    "scalable_topic_reconcile_duration_seconds",
+    "Duration of one topic reconciliation",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+STATUS_WRITES = Counter(
+    "scalable_topic_status_writes_total",
+    "Status writes, by object kind and outcome",
+    ("kind", "outcome"),
+)
+SESSIONS = Gauge("scalable_topic_sessions", "Open WebSocket sessions by type", ("type",))
+RECOMMENDATIONS = Counter(
+    "scalable_topic_recommendations_total",
+    "Recommendations seen by the leader, by outcome (accepted or the reason ignored)",
+    (*TOPIC_LABELS, "outcome"),
+)

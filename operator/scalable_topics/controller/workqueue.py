@@ -1,0 +1,137 @@
+"""A keyed work queue in the style of client-go's ``workqueue`` (and Strimzi's batching queue).
+
+- A key waiting in the queue is there once, however often it is added (events coalesce).
+- A key is never processed by two workers at once; an add during processing re-queues it for
+  one more pass after the current one.
+- A failed key is retried with per-key exponential back-off; a success resets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    base: float = 0.5
+    cap: float = 60.0
+
+    def delay(self, failures: int) -> float:
+        return float(min(self.cap, self.base * 2 ** max(0, failures - 1)))
+
+
+class WorkQueue(Generic[K]):
+    def __init__(
+        self,
+        process: Callable[[K], Awaitable[None]],
+        *,
+        workers: int = 8,
+        backoff: Backoff | None = None,
+        name: str = "work",
+    ) -> None:
+        self._process = process
+        self._workers = workers
+        self._backoff = backoff or Backoff()
+        self._name = name
+        self._queue: asyncio.Queue[K] = asyncio.Queue()
+        self._queued: set[K] = set()
+        self._processing: set[K] = set()
+        self._dirty: set[K] = set()
+        self._failures: dict[K, int] = {}
+        self._delayed: dict[K, asyncio.TimerHandle] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def add(self, key: K) -> None:
+        if key in self._processing:
+            self._dirty.add(key)
+            return
+        if key in self._queued:
+            return
+        timer = self._delayed.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        self._queued.add(key)
+        self._idle.clear()
+        self._queue.put_nowait(key)
+
+    def add_after(self, key: K, delay: float) -> None:
+        if key in self._queued or key in self._delayed:
+            return
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            self._delayed.pop(key, None)
+            self.add(key)
+
+        self._delayed[key] = loop.call_later(delay, fire)
+
+    def forget(self, key: K) -> None:
+        self._failures.pop(key, None)
+        timer = self._delayed.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    def __len__(self) -> int:
+        return len(self._queued) + len(self._processing)
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    def start(self) -> None:
+        if not self._tasks:
+            self._tasks = [
+                asyncio.create_task(self._work(), name=f"{self._name}-worker-{i}")
+                for i in range(self._workers)
+            ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        for timer in self._delayed.values():
+            timer.cancel()
+        self._delayed.clear()
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            self._processing.add(key)
+            try:
+                await self._process(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                failures = self._failures.get(key, 0) + 1
+                self._failures[key] = failures
+                delay = self._backoff.delay(failures)
+                log.exception(
+                    "%s: processing %s failed (%d); retry in %.1fs",
+                    self._name,
+                    key,
+                    failures,
+                    delay,
+                )
+                self._processing.discard(key)
+                self.add_after(key, delay)
+            else:
+                self._failures.pop(key, None)
+                self._processing.discard(key)
+            finally:
+                self._queue.task_done()
+            if key in self._dirty:
+                self._dirty.discard(key)
+                self.add(key)
+            if not self._queued and not self._processing:
+                self._idle.set()

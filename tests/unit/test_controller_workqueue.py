@@ -1,0 +1,68 @@
+"""The keyed work queue: coalescing, no concurrent processing of a key, retry with back-off."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from scalable_topics.controller.workqueue import Backoff, WorkQueue
+
+
+async def test_adds_coalesce_and_a_key_is_never_processed_twice_at_once() -> None:
+    running: set[str] = set()
+    overlaps: list[str] = []
+    calls: list[str] = []
+    release = asyncio.Event()
+    both_started = asyncio.Event()
+
+    async def process(key: str) -> None:
+        if key in running:
+            overlaps.append(key)
+        running.add(key)
+        calls.append(key)
+        if len(calls) == 2:
+            both_started.set()
+        await release.wait()
+        running.discard(key)
+
+    queue: WorkQueue[str] = WorkQueue(process, workers=4)
+    queue.start()
+    for _ in range(5):
+        queue.add("a")
+    queue.add("b")
+    await asyncio.wait_for(both_started.wait(), 2)
+    queue.add("a")  # arrives while "a" is processing: one more pass afterwards
+    queue.add("a")
+    release.set()
+    await asyncio.wait_for(queue.wait_idle(), 2)
+    await queue.stop()
+    assert overlaps == []
+    assert sorted(calls) == ["a", "a", "b"]
+
+
+async def test_failures_are_retried_with_backoff_then_forgotten() -> None:
+    attempts: list[float] = []
+    loop = asyncio.get_running_loop()
+    succeeded = asyncio.Event()
+
+    async def process(key: str) -> None:
+        attempts.append(loop.time())
+        if len(attempts) == 3:
+            succeeded.set()
+        if len(attempts) < 3:
+            raise RuntimeError("broker unreachable")
+
+    queue: WorkQueue[str] = WorkQueue(process, workers=1, backoff=Backoff(base=0.05, cap=1))
+    queue.start()
+    queue.add("t")
+    async with asyncio.timeout(3):
+        await succeeded.wait()
+        await queue.wait_idle()
+    await queue.stop()
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert gaps[0] >= 0.045
+    assert gaps[1] >= 0.095, "the second retry waits twice as long"
+
+
+def test_backoff_is_capped() -> None:
+    assert [Backoff(base=1, cap=5).delay(n) for n in range(1, 6)] == [1, 2, 4, 5, 5]
