@@ -66,3 +66,24 @@ async def test_failures_are_retried_with_backoff_then_forgotten() -> None:
 
 def test_backoff_is_capped() -> None:
     assert [Backoff(base=1, cap=5).delay(n) for n in range(1, 6)] == [1, 2, 4, 5, 5]
+
+
+async def test_cancel_stops_the_processing_of_matching_keys_only() -> None:
+    started = asyncio.Event()
+    finished: list[str] = []
+
+    async def process(key: str) -> None:
+        if key == "lost":
+            started.set()
+            await asyncio.Event().wait()
+        finished.append(key)
+
+    queue: WorkQueue[str] = WorkQueue(process, workers=2)
+    queue.start()
+    queue.add("lost")
+    await asyncio.wait_for(started.wait(), 2)
+    assert queue.cancel(lambda key: key == "lost") == 1
+    queue.add("kept")
+    await asyncio.wait_for(queue.wait_idle(), 2)
+    await queue.stop()
+    assert finished == ["kept"]

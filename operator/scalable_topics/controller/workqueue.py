@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Callable, Coroutine, Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class Backoff:
 class WorkQueue(Generic[K]):
     def __init__(
         self,
-        process: Callable[[K], Awaitable[None]],
+        process: Callable[[K], Coroutine[Any, Any, None]],
         *,
         workers: int = 8,
         backoff: Backoff | None = None,
@@ -48,6 +48,7 @@ class WorkQueue(Generic[K]):
         self._failures: dict[K, int] = {}
         self._delayed: dict[K, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._running: dict[K, asyncio.Task[None]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -81,6 +82,16 @@ class WorkQueue(Generic[K]):
         if timer is not None:
             timer.cancel()
 
+    def cancel(self, predicate: Callable[[K], bool]) -> int:
+        """Cancel the processing under way of every key matching ``predicate`` (leadership of
+        those keys was lost); returns how many were cancelled."""
+        cancelled = 0
+        for key, task in list(self._running.items()):
+            if predicate(key) and not task.done():
+                task.cancel()
+                cancelled += 1
+        return cancelled
+
     def __len__(self) -> int:
         return len(self._queued) + len(self._processing)
 
@@ -108,10 +119,16 @@ class WorkQueue(Generic[K]):
             key = await self._queue.get()
             self._queued.discard(key)
             self._processing.add(key)
+            task = asyncio.create_task(self._process(key))
+            self._running[key] = task
             try:
-                await self._process(key)
+                await asyncio.shield(task)
             except asyncio.CancelledError:
-                raise
+                if not task.cancelled():
+                    task.cancel()
+                    raise
+                log.info("%s: processing %s was cancelled", self._name, key)
+                self._processing.discard(key)
             except Exception:
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
@@ -129,6 +146,7 @@ class WorkQueue(Generic[K]):
                 self._failures.pop(key, None)
                 self._processing.discard(key)
             finally:
+                self._running.pop(key, None)
                 self._queue.task_done()
             if key in self._dirty:
                 self._dirty.discard(key)

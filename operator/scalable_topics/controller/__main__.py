@@ -1,0 +1,78 @@
+"""``python -m scalable_topics.controller``: one operator replica (kopf embedded)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+from pathlib import Path
+
+from ..core.logfmt import configure
+from .app import Controller, ControllerSettings
+from .leases import ElectionTimings
+
+
+def parse_args(argv: list[str] | None = None) -> ControllerSettings:
+    parser = argparse.ArgumentParser(
+        prog="python -m scalable_topics.controller",
+        description="Scalable Topics operator: the controller of ScalableTopic resources.",
+    )
+    parser.add_argument("--host", default=os.environ.get("POD_IP", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--url", default="", help="URL advertised to clients (default http://HOST:PORT)"
+    )
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE", "scalable-topics"),
+        help="namespace of the shard Leases",
+    )
+    parser.add_argument(
+        "--identity", default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    )
+    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--kubeconfig", default=None)
+    parser.add_argument("--broker-token-file", type=Path, default=None)
+    parser.add_argument("--lease-duration", type=float, default=15.0)
+    parser.add_argument("--renew-deadline", type=float, default=10.0)
+    parser.add_argument("--retry-period", type=float, default=2.0)
+    parser.add_argument("--resync-interval", type=float, default=60.0)
+    parser.add_argument("--recommendation-freshness", type=float, default=1200.0)
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    args = parser.parse_args(argv)
+    configure(args.log_level, args.log_format)
+    token = args.broker_token_file.read_text().strip() if args.broker_token_file else None
+    return ControllerSettings(
+        host=args.host,
+        port=args.port,
+        url=args.url,
+        namespace=args.namespace,
+        identity=args.identity,
+        shards=args.shards,
+        workers=args.workers,
+        kubeconfig=args.kubeconfig,
+        broker_token=token,
+        timings=ElectionTimings(args.lease_duration, args.renew_deadline, args.retry_period),
+        resync_interval=args.resync_interval,
+        recommendation_freshness=args.recommendation_freshness,
+    )
+
+
+async def _main(settings: ControllerSettings) -> None:
+    controller = Controller(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, controller.stop)
+    await controller.run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(_main(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,317 @@
+"""Wiring of one operator replica: kopf watches, shard leadership, the work queue, the reconciler,
+the auto-scaler and the session server (docs/operator.md draws the picture)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from aiohttp import web
+
+from ..core.policy import DEFAULT_POLICY, AutoScalePolicy
+from ..core.resources import (
+    GROUP,
+    LABEL_TOPIC,
+    SEGMENT_PLURAL,
+    TOPIC_PLURAL,
+    VERSION,
+    parse_topic_spec,
+)
+from .autoscale import AutoScaler
+from .brokers import BrokerAdmin
+from .cache import TopicCache, layout_of
+from .consumers import ConsumerHub
+from .kube import Body, KubeApi
+from .leadership import ShardLeadership
+from .leases import ElectionTimings
+from .protocol import OperationExecutor
+from .reconciler import TopicReconciler
+from .sessions import make_app
+from .status import TopicGone, update_topic_status
+from .workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+
+
+@dataclass
+class ControllerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    url: str = ""
+    namespace: str = "scalable-topics"
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    shards: int = 1
+    broker_label: tuple[str, str] = ("app.kubernetes.io/name", "segment-broker")
+    broker_port: int = 8080
+    broker_token: str | None = None
+    kubeconfig: str | None = None
+    timings: ElectionTimings = field(default_factory=ElectionTimings)
+    workers: int = 8
+    resync_interval: float = 60.0
+    recommendation_freshness: float = 1200.0
+    defaults: AutoScalePolicy = DEFAULT_POLICY
+
+    def advertised_url(self) -> str:
+        return self.url or f"http://{self.host}:{self.port}"
+
+
+class Controller:
+    """One replica. ``run()`` serves until ``stop()``."""
+
+    def __init__(self, settings: ControllerSettings) -> None:
+        self.settings = settings
+        self._stop = asyncio.Event()
+        self._kopf_ready = asyncio.Event()
+        self.kube: KubeApi | None = None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- construction --------------------------------------------------------------------------
+
+    async def _build(self) -> None:
+        s = self.settings
+        self.kube = kube = await KubeApi.connect(s.kubeconfig)
+        self.leadership = ShardLeadership(
+            kube.coordination,
+            namespace=s.namespace,
+            identity=s.identity,
+            url=s.advertised_url(),
+            shards=s.shards,
+            timings=s.timings,
+            on_gained=self._gained,
+            on_lost=self._lost,
+        )
+        self.cache = TopicCache(controller_url=self.leadership.leader_url)
+        self.cache.on_broker_change = self._resync_led
+        self.brokers = BrokerAdmin(token=s.broker_token)
+        self.autoscaler: AutoScaler | None = None
+        self.hub = ConsumerHub(
+            persist=self._persist_subscription, on_consumers_changed=self._consumers_changed
+        )
+        self.executor = OperationExecutor(
+            kube,
+            self.brokers,
+            self.cache,
+            events=self._event,
+            on_layout=self.hub.layout_changed,
+        )
+        self.reconciler = TopicReconciler(
+            kube,
+            self.brokers,
+            self.cache,
+            self.executor,
+            leads=self.leadership.leads,
+            controller_ref=self._controller_ref,
+            defaults=s.defaults,
+        )
+        self.reconciler.on_deleted = self.hub.forget_topic
+        self.queue: WorkQueue[Key] = WorkQueue(
+            self.reconciler.reconcile, workers=s.workers, name="topics"
+        )
+        self.autoscaler = AutoScaler(
+            self.cache,
+            self.reconciler,
+            self.executor,
+            leads=self.leadership.leads,
+            stream_consumers=self.hub.stream_consumer_counts,
+            recommendation_freshness=s.recommendation_freshness,
+        )
+
+    async def _event(self, topic: Body, type_: str, reason: str, message: str) -> None:
+        await self.reconciler.event(topic, type_, reason, message)
+
+    def _controller_ref(self, namespace: str, name: str) -> dict[str, Any]:
+        return {
+            "pod": self.settings.identity,
+            "url": self.settings.advertised_url(),
+            "shard": self.leadership.shard_of(namespace, name),
+        }
+
+    def _consumers_changed(self, namespace: str, name: str) -> None:
+        if self.autoscaler is not None:
+            self.autoscaler.trigger(namespace, name)
+
+    async def _persist_subscription(
+        self, namespace: str, name: str, subscription: str, coordinator_status: dict[str, Any]
+    ) -> None:
+        def change(status: dict[str, Any], obj: Body) -> None:
+            entries = [
+                e for e in status.get("subscriptions") or [] if e.get("name") != subscription
+            ]
+            entries.append({"name": subscription, "type": "Stream", **coordinator_status})
+            status["subscriptions"] = sorted(entries, key=lambda e: str(e.get("name")))
+
+        assert self.kube is not None
+        with contextlib.suppress(TopicGone):
+            await update_topic_status(self.kube, namespace, name, change)
+
+    # -- leadership ----------------------------------------------------------------------------
+
+    async def _gained(self, shard: int) -> None:
+        assert self.kube is not None
+        for topic in await self.kube.list_topics():
+            self.cache.put_topic(topic)
+        for (namespace, name), topic in list(self.cache.topics.items()):
+            if self.leadership.shard_of(namespace, name) != shard:
+                continue
+            self._restore_consumers(namespace, name, topic)
+            self.queue.add((namespace, name))
+        self.cache.notify_controller_changed()
+
+    def _restore_consumers(self, namespace: str, name: str, topic: Body) -> None:
+        layout = layout_of(topic)
+        if layout is None:
+            return
+        try:
+            spec = parse_topic_spec(topic.get("spec"))
+        except ValueError:
+            return
+        self.hub.restore(
+            namespace,
+            name,
+            layout,
+            (topic.get("status") or {}).get("subscriptions") or [],
+            grace_period=spec.consumer_grace_period,
+            strategies={s.name: s.assignment.value for s in spec.subscriptions},
+        )
+
+    async def _lost(self, shard: int) -> None:
+        cancelled = self.queue.cancel(lambda key: self.leadership.shard_of(*key) == shard)
+        for namespace, name in list(self.cache.topics):
+            if self.leadership.shard_of(namespace, name) == shard:
+                self.hub.forget_topic(namespace, name)
+        self.cache.notify_controller_changed()
+        log.warning("shard %d lost: cancelled %d reconcile(s) in progress", shard, cancelled)
+
+    def _resync_led(self) -> None:
+        for namespace, name in list(self.cache.topics):
+            if self.leadership.leads(namespace, name):
+                self.queue.add((namespace, name))
+
+    async def _resync_loop(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.settings.resync_interval)
+            self._resync_led()
+
+    # -- kopf ----------------------------------------------------------------------------------
+
+    def _registry(self) -> kopf.OperatorRegistry:
+        registry = kopf.OperatorRegistry()
+        broker_key, broker_value = self.settings.broker_label
+
+        @kopf.on.login(registry=registry)
+        def login(**kwargs: Any) -> Any:
+            return kopf.login_via_client(**kwargs)
+
+        @kopf.on.event(GROUP, VERSION, TOPIC_PLURAL, registry=registry)
+        async def topic_event(event: kopf.RawEvent, **_: Any) -> None:
+            body: Body = dict(event["object"])
+            meta = body["metadata"]
+            key = (meta["namespace"], meta["name"])
+            if event.get("type") == "DELETED":
+                self.cache.drop_topic(*key)
+                self.hub.forget_topic(*key)
+                return
+            self.cache.put_topic(body)
+            if self.leadership.leads(*key):
+                self.queue.add(key)
+
+        @kopf.on.event(GROUP, VERSION, SEGMENT_PLURAL, registry=registry)
+        async def segment_event(event: kopf.RawEvent, **_: Any) -> None:
+            body: Body = dict(event["object"])
+            if event.get("type") == "DELETED":
+                self.cache.drop_segment(body)
+                topic = (body["metadata"].get("labels") or {}).get(LABEL_TOPIC)
+                key = (body["metadata"]["namespace"], str(topic))
+                if topic and key in self.cache.topics and self.leadership.leads(*key):
+                    self.queue.add(key)
+            else:
+                self.cache.put_segment(body)
+
+        @kopf.on.event("", "v1", "pods", labels={broker_key: broker_value}, registry=registry)
+        async def broker_pod_event(event: kopf.RawEvent, **_: Any) -> None:
+            body: Body = dict(event["object"])
+            if event.get("type") == "DELETED":
+                self.cache.drop_pod(body)
+            else:
+                self.cache.put_pod(body)
+
+        return registry
+
+    def _kopf_settings(self) -> kopf.OperatorSettings:
+        settings = kopf.OperatorSettings()
+        settings.posting.enabled = False
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 310
+        settings.networking.request_timeout = 30
+        settings.scanning.disabled = True
+        return settings
+
+    # -- run -----------------------------------------------------------------------------------
+
+    def _healthy(self) -> bool:
+        return not self._stop.is_set()
+
+    def _ready(self) -> bool:
+        return self._kopf_ready.is_set() and not self._stop.is_set()
+
+    async def run(self) -> None:
+        await self._build()
+        assert self.kube is not None
+        web_app = make_app(
+            self.cache, self.leadership, self.hub, health=self._healthy, ready=self._ready
+        )
+        runner = web.AppRunner(web_app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.settings.host, self.settings.port)
+        await site.start()
+        log.info(
+            "operator %s serving on %s", self.settings.identity, self.settings.advertised_url()
+        )
+        kopf_stop = asyncio.Event()
+        kopf_task = asyncio.create_task(
+            kopf.operator(
+                registry=self._registry(),
+                settings=self._kopf_settings(),
+                standalone=True,
+                clusterwide=True,
+                stop_flag=kopf_stop,
+                ready_flag=self._kopf_ready,
+            ),
+            name="kopf",
+        )
+        self.queue.start()
+        assert self.autoscaler is not None
+        self.autoscaler.start()
+        resync = asyncio.create_task(self._resync_loop(), name="resync")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._kopf_ready.wait(), 30)
+        self.leadership.start()
+        try:
+            stop_waiter = asyncio.create_task(self._stop.wait())
+            await asyncio.wait({stop_waiter, kopf_task}, return_when=asyncio.FIRST_COMPLETED)
+            if kopf_task.done() and not self._stop.is_set():
+                kopf_task.result()
+        finally:
+            log.info("operator %s shutting down", self.settings.identity)
+            await self.leadership.stop()
+            await self.autoscaler.stop()
+            await self.queue.stop()
+            resync.cancel()
+            kopf_stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(kopf_task, 10)
+            await self.hub.close()
+            await runner.cleanup()
+            await self.brokers.close()
+            await self.kube.close()

@@ -1,0 +1,215 @@
+"""Auto split/merge (PIP-483) driven by the leader: a periodic tick per topic plus an immediate
+evaluation when stream consumers come or go.
+
+The decision itself is the pure ``core.evaluator``; a fresh recommendation from the recommender
+(``core.recommendation.accept``) is preferred when it passes the same guards, because it carries
+traffic-balanced split points. Whatever decides, the action runs through the same protocol as a
+manual request, and events say which source decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..core.evaluator import LoadSample, Merge, Rebucket, Split, Suppression, decide_explained
+from ..core.policy import PolicyMode
+from ..core.recommendation import accept
+from ..core.resources import parse_time
+from . import metrics
+from .cache import TopicCache, layout_of
+from .kube import Body
+from .protocol import OperationExecutor, OperationRejected
+from .reconciler import TopicReconciler
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+
+
+def load_samples(segments: Mapping[int, Body]) -> dict[int, LoadSample]:
+    """``Segment.status.load`` as evaluator samples; ``updatedAt`` is the modification time."""
+    samples: dict[int, LoadSample] = {}
+    for sid, seg in segments.items():
+        load = (seg.get("status") or {}).get("load")
+        if not load:
+            continue
+        try:
+            samples[sid] = LoadSample(
+                msg_rate_in=float(load.get("msgRateIn", 0.0)),
+                bytes_rate_in=float(load.get("bytesRateIn", 0.0)),
+                msg_rate_out=float(load.get("msgRateOut", 0.0)),
+                bytes_rate_out=float(load.get("bytesRateOut", 0.0)),
+                modified_at=parse_time(str(load["updatedAt"])),
+            )
+        except (KeyError, ValueError):
+            continue
+    return samples
+
+
+def _time(status: Mapping[str, Any], field: str) -> float | None:
+    value = status.get(field)
+    try:
+        return parse_time(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+class AutoScaler:
+    def __init__(
+        self,
+        cache: TopicCache,
+        reconciler: TopicReconciler,
+        executor: OperationExecutor,
+        *,
+        leads: Callable[[str, str], bool],
+        stream_consumers: Callable[[str, str], dict[str, int]],
+        recommendation_freshness: float = 1200.0,
+        tick: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cache = cache
+        self.reconciler = reconciler
+        self.executor = executor
+        self.leads = leads
+        self.stream_consumers = stream_consumers
+        self.freshness = recommendation_freshness
+        self.tick = tick
+        self.clock = clock
+        self._due: dict[Key, float] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._triggered: set[Key] = set()
+        self._wakeup = asyncio.Event()
+
+    def trigger(self, namespace: str, name: str) -> None:
+        """Evaluate now (a stream consumer registered or left)."""
+        self._triggered.add((namespace, name))
+        self._wakeup.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="autoscaler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout=self.tick)
+            self._wakeup.clear()
+            now = self.clock()
+            keys = set(self._triggered)
+            self._triggered.clear()
+            for key, policy in list(self.reconciler.policies.items()):
+                if key not in self.cache.topics:
+                    self.reconciler.policies.pop(key, None)
+                    continue
+                if now >= self._due.get(key, 0.0):
+                    self._due[key] = now + policy.evaluation_interval
+                    keys.add(key)
+            for key in keys:
+                try:
+                    await self.evaluate(key)
+                except Exception:
+                    log.exception("%s/%s: auto-scale evaluation failed", *key)
+
+    async def evaluate(self, key: Key) -> str | None:
+        """One evaluation; returns the id of the operation it started, if any."""
+        namespace, name = key
+        if not self.leads(namespace, name):
+            return None
+        lock = self.reconciler.lock(key)
+        if lock.locked():
+            return None
+        async with lock:
+            return await self._evaluate(namespace, name)
+
+    async def _evaluate(self, namespace: str, name: str) -> str | None:
+        topic = self.cache.topics.get((namespace, name))
+        policy = self.reconciler.policies.get((namespace, name))
+        if topic is None or policy is None:
+            return None
+        status = topic.get("status") or {}
+        layout = layout_of(topic)
+        if layout is None or status.get("operation"):
+            return None
+        now = self.clock()
+        last_split = _time(status, "lastSplitAt")
+        last_merge = _time(status, "lastMergeAt")
+        buckets = self.cache.segment_buckets(namespace, name)
+        verdict = accept(
+            status.get("recommendation"),
+            layout=layout,
+            now=now,
+            freshness=self.freshness,
+            policy=policy,
+            last_split_at=last_split,
+            last_merge_at=last_merge,
+            buckets=buckets,
+        )
+        action = verdict.action
+        source = "recommendation"
+        if status.get("recommendation"):
+            metrics.RECOMMENDATIONS.labels(
+                namespace, name, "accepted" if action else "ignored"
+            ).inc()
+        if action is None:
+            decision = decide_explained(
+                layout,
+                load_samples(self.cache.segments.get((namespace, name), {})),
+                self.stream_consumers(namespace, name),
+                policy,
+                now,
+                last_split,
+                last_merge,
+                buckets=buckets,
+            )
+            for suppression in decision.suppressed:
+                if suppression is Suppression.MAX_SEGMENTS:
+                    metrics.SPLIT_SUPPRESSED_MAX_SEGMENTS.labels(namespace, name).inc()
+                elif suppression is Suppression.MAX_DAG_DEPTH:
+                    metrics.MERGE_SUPPRESSED_MAX_DEPTH.labels(namespace, name).inc()
+            action = decision.action
+            source = "auto"
+        if action is None:
+            return None
+        if isinstance(action, Split):
+            op, segments, at, n = "split", [action.segment_id], action.at, None
+        elif isinstance(action, Merge):
+            op, segments, at, n = "merge", list(action.segment_ids), None, None
+        else:
+            assert isinstance(action, Rebucket)
+            op, segments, at, n = "rebucket", list(action.segment_ids), None, action.buckets
+        detail = action.detail or action.reason
+        if policy.mode is PolicyMode.RECOMMEND:
+            await self.reconciler.event(
+                topic,
+                "Normal",
+                "ScalingRecommended",
+                f"{op} {segments} ({source}: {detail}); not executed in recommend mode",
+            )
+            return None
+        operation = self.reconciler.plan(
+            topic, layout, op, segments, at, source=source, reason=detail, buckets=n
+        )
+        counter = {
+            "split": metrics.AUTO_SPLITS,
+            "merge": metrics.AUTO_MERGES,
+            "rebucket": metrics.AUTO_REBUCKETS,
+        }[op]
+        try:
+            fresh = await self.reconciler.kube.get_topic(namespace, name)
+            if fresh is None:
+                return None
+            await self.executor.start(fresh, operation)
+        except OperationRejected as exc:
+            log.info("%s/%s: %s not started: %s", namespace, name, op, exc)
+            return None
+        counter.labels(namespace, name).inc()
+        return operation.id

@@ -1,0 +1,188 @@
+"""What a replica knows: the latest ScalableTopics, Segments and broker pods, fed by kopf's
+watches. Every replica keeps one, leader or not, so any replica can serve DAG watch sessions.
+
+DAG watchers get the *latest* DAG: a slow watcher skips intermediate versions and never holds
+up the others or the watch stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from ..core.layout import SegmentLayout
+from ..core.resources import LABEL_TOPIC
+from ..core.sessions import DagMessage, dag_message
+from .brokers import BrokerPod
+
+Key = tuple[str, str]
+Body = dict[str, Any]
+
+
+def layout_of(topic: Mapping[str, Any]) -> SegmentLayout | None:
+    raw = (topic.get("status") or {}).get("layout")
+    if not raw:
+        return None
+    try:
+        return SegmentLayout.from_metadata(raw)
+    except ValueError:
+        return None
+
+
+def pod_broker(pod: Mapping[str, Any], port: int = 8080) -> BrokerPod | None:
+    """A broker pod's URL and readiness from its (dict) body."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    ip = status.get("podIP")
+    if not ip or meta.get("deletionTimestamp"):
+        return None
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    return BrokerPod(name=str(meta.get("name")), url=f"http://{ip}:{port}", ready=ready)
+
+
+class TopicCache:
+    def __init__(self, *, controller_url: Callable[[str, str], str]) -> None:
+        self._controller_url = controller_url
+        self.topics: dict[Key, Body] = {}
+        self.segments: dict[Key, dict[int, Body]] = defaultdict(dict)
+        self.brokers: dict[str, BrokerPod] = {}
+        self._changed: dict[Key, asyncio.Event] = defaultdict(asyncio.Event)
+        self._fingerprints: dict[Key, Any] = {}
+        self.on_broker_change: Callable[[], None] | None = None
+
+    # -- feeding -------------------------------------------------------------------------------
+
+    def put_topic(self, body: Body) -> None:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        self.topics[key] = body
+        self._maybe_notify(key)
+
+    def drop_topic(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        self.topics.pop(key, None)
+        self.segments.pop(key, None)
+        self._fingerprints.pop(key, None)
+        self._notify(key)
+
+    def put_segment(self, body: Body) -> None:
+        meta = body["metadata"]
+        topic = (meta.get("labels") or {}).get(LABEL_TOPIC) or body.get("spec", {}).get("topic")
+        if not topic:
+            return
+        key = (meta["namespace"], str(topic))
+        self.segments[key][int(body["spec"]["segmentId"])] = body
+        self._maybe_notify(key)
+
+    def drop_segment(self, body: Body) -> None:
+        meta = body["metadata"]
+        topic = (meta.get("labels") or {}).get(LABEL_TOPIC) or body.get("spec", {}).get("topic")
+        if not topic:
+            return
+        key = (meta["namespace"], str(topic))
+        self.segments.get(key, {}).pop(int(body["spec"]["segmentId"]), None)
+        self._maybe_notify(key)
+
+    def put_pod(self, body: Body) -> None:
+        broker = pod_broker(body)
+        name = str(body["metadata"]["name"])
+        before = self.brokers.get(name)
+        if broker is None:
+            self.brokers.pop(name, None)
+        else:
+            self.brokers[name] = broker
+        if before != broker and self.on_broker_change is not None:
+            self.on_broker_change()
+
+    def drop_pod(self, body: Body) -> None:
+        if self.brokers.pop(str(body["metadata"]["name"]), None) and self.on_broker_change:
+            self.on_broker_change()
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def segment_brokers(self, namespace: str, topic: str) -> dict[int, str]:
+        return {
+            sid: str(((seg.get("status") or {}).get("broker") or {}).get("url") or "")
+            for sid, seg in self.segments.get((namespace, topic), {}).items()
+        }
+
+    def segment_buckets(self, namespace: str, topic: str) -> dict[int, int]:
+        return {
+            sid: int(seg["spec"].get("buckets") or 1)
+            for sid, seg in self.segments.get((namespace, topic), {}).items()
+        }
+
+    def broker_load(self) -> dict[str, int]:
+        """Active segments per broker pod, for least-loaded placement."""
+        load: dict[str, int] = defaultdict(int)
+        for segments in self.segments.values():
+            for seg in segments.values():
+                status = seg.get("status") or {}
+                if status.get("state") != "Sealed":
+                    pod = (status.get("broker") or {}).get("pod")
+                    if pod:
+                        load[str(pod)] += 1
+        return dict(load)
+
+    def dag(self, namespace: str, name: str) -> DagMessage | None:
+        topic = self.topics.get((namespace, name))
+        if topic is None:
+            return None
+        layout = layout_of(topic)
+        if layout is None:
+            return None
+        return dag_message(
+            namespace,
+            name,
+            layout,
+            brokers=self.segment_brokers(namespace, name),
+            buckets=self.segment_buckets(namespace, name),
+            controller_url=self._controller_url(namespace, name),
+        )
+
+    async def watch(self, namespace: str, name: str) -> AsyncIterator[DagMessage]:
+        key = (namespace, name)
+        last: Any = None
+        while True:
+            event = self._changed[key]
+            message = self.dag(namespace, name)
+            if message is None:
+                if key not in self.topics:
+                    return
+            elif self._fingerprint(key) != last:
+                last = self._fingerprint(key)
+                yield message
+            await event.wait()
+
+    # -- change notification -------------------------------------------------------------------
+
+    def _fingerprint(self, key: Key) -> Any:
+        topic = self.topics.get(key)
+        layout = (topic or {}).get("status", {}).get("layout") or {}
+        return (
+            layout.get("epoch"),
+            tuple(sorted(self.segment_brokers(*key).items())),
+            tuple(sorted(self.segment_buckets(*key).items())),
+            self._controller_url(*key),
+        )
+
+    def _maybe_notify(self, key: Key) -> None:
+        fingerprint = self._fingerprint(key)
+        if self._fingerprints.get(key) != fingerprint:
+            self._fingerprints[key] = fingerprint
+            self._notify(key)
+
+    def _notify(self, key: Key) -> None:
+        event = self._changed.pop(key, None)
+        if event is not None:
+            event.set()
+
+    def notify_controller_changed(self) -> None:
+        """Leadership moved: every watcher gets the new controller URL."""
+        for key in list(self.topics):
+            self._maybe_notify(key)

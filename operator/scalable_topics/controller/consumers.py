@@ -1,0 +1,786 @@
+"""The consumer hub: the leader's live side of stream/checkpoint subscriptions (DESIGN §3, §6).
+
+Per topic and subscription the hub holds one :class:`~scalable_topics.core.assignment.
+SubscriptionCoordinator` (the pure state machine), the consumer WebSockets of that subscription,
+one asyncio timer for the coordinator's next grace deadline, and at most one in-flight persist.
+
+Every event - a consumer registering, dropping, unregistering or reporting a drained segment, a
+grace period running out, a layout change, a drain observed by the controller - goes through the
+coordinator, and its result is carried out the same way (:meth:`ConsumerHub._apply`): push
+effects become assignment messages on the consumers' sockets, a persist effect becomes a call of
+``persist`` (coalesced: the latest status wins), a change of the registered consumers calls
+``on_consumers_changed`` (the consumer-count autoscale rule), and the timer is re-armed.
+
+Everything runs on the event loop without awaiting between reading and updating state, so no
+lock is needed; the only awaits are socket writes (one writer task per socket, so a slow consumer
+delays nobody else) and ``persist``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from ..core.assignment import (
+    AssignmentStrategy,
+    ConsumerAssignment,
+    CoordinatorResult,
+    SubscriptionCoordinator,
+)
+from ..core.layout import SegmentLayout
+from ..core.sessions import (
+    AssignmentMessage,
+    CloseCode,
+    ConsumerType,
+    ErrorCode,
+    ErrorMessage,
+    RedirectMessage,
+    RegisterMessage,
+    assignment_message,
+    consumers_path,
+    encode,
+)
+
+if TYPE_CHECKING:
+    from .sessions import DagSource, Routing
+
+__all__ = ["ConsumerHub", "ConsumerSession", "SessionRejected"]
+
+log = logging.getLogger("scalable_topics.controller.sessions")
+
+PersistFn = Callable[[str, str, str, dict[str, Any]], Awaitable[None]]
+ConsumersChangedFn = Callable[[str, str], None]
+
+_PERSIST_BACKOFF = (0.5, 30.0)
+_RETRY_AFTER = 1.0
+"""Seconds a client should wait before reconnecting when no new leader is known yet."""
+_CLOSE_FLUSH_TIMEOUT = 5.0
+
+
+class SessionRejected(Exception):
+    """A registration the hub refuses; the session layer sends ``message`` and closes."""
+
+    def __init__(self, code: CloseCode, message: ErrorMessage | RedirectMessage) -> None:
+        super().__init__(message.message if isinstance(message, ErrorMessage) else message.reason)
+        self.code = code
+        self.message = message
+
+
+def _close_reason(text: str) -> bytes:
+    """A WebSocket close reason: at most 123 bytes of UTF-8."""
+    data = text.encode()
+    return data if len(data) <= 123 else data[:120].decode(errors="ignore").encode() + b"..."
+
+
+_session_ids = itertools.count(1)
+
+
+class ConsumerSession:
+    """One consumer socket after a successful ``register``.
+
+    Outgoing messages go through a small outbox drained by one writer task: assignments are full
+    states, so a pending assignment not yet written is replaced by a newer one; other messages
+    are kept in order. :meth:`finish` queues a last message and closes the socket.
+    """
+
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        *,
+        namespace: str,
+        topic: str,
+        subscription: str,
+        consumer: str,
+        consumer_type: ConsumerType,
+    ) -> None:
+        self.id = next(_session_ids)
+        self.ws = ws
+        self.namespace = namespace
+        self.topic = topic
+        self.subscription = subscription
+        self.consumer = consumer
+        self.consumer_type = consumer_type
+        self.sent_brokers: dict[int, str | None] = {}
+        """Broker URL of every segment in the last assignment queued for this socket."""
+        self._outbox: deque[BaseModel] = deque()
+        self._final: tuple[BaseModel | None, int, str] | None = None
+        self._wake = asyncio.Event()
+        self._writer = asyncio.create_task(self._write_loop(), name=f"consumer-session-{self.id}")
+
+    def __repr__(self) -> str:
+        return (
+            f"<ConsumerSession {self.id} {self.namespace}/{self.topic} "
+            f"{self.subscription}/{self.consumer}>"
+        )
+
+    @property
+    def finishing(self) -> bool:
+        return self._final is not None
+
+    def send(self, message: BaseModel) -> None:
+        if self._final is not None:
+            return
+        if isinstance(message, AssignmentMessage):
+            for queued in [m for m in self._outbox if isinstance(m, AssignmentMessage)]:
+                self._outbox.remove(queued)
+        self._outbox.append(message)
+        self._wake.set()
+
+    def finish(self, message: BaseModel | None, code: int, reason: str) -> None:
+        """Send ``message`` (if any) after what is queued, then close with ``code``."""
+        if self._final is None:
+            self._final = (message, code, reason)
+            self._wake.set()
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._writer)
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._outbox:
+                    await self.ws.send_str(encode(self._outbox.popleft()))
+                if self._final is not None:
+                    message, code, reason = self._final
+                    if message is not None and not self.ws.closed:
+                        await self.ws.send_str(encode(message))
+                    break
+        except (ConnectionError, RuntimeError) as exc:
+            log.debug("%r: write failed: %s", self, exc)
+        finally:
+            if self._final is None:
+                self._final = (None, CloseCode.GOING_AWAY, "writer stopped")
+            _, code, reason = self._final
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self.ws.close(code=code, message=_close_reason(reason))
+
+
+@dataclass(eq=False)
+class _Subscription:
+    name: str
+    coordinator: SubscriptionCoordinator
+    sessions: dict[str, ConsumerSession] = field(default_factory=dict)
+    positions: dict[str, dict[int, int]] = field(default_factory=dict)
+    timer: asyncio.TimerHandle | None = None
+    persist_pending: dict[str, Any] | None = None
+    persist_task: asyncio.Task[None] | None = None
+
+
+@dataclass(eq=False)
+class _Topic:
+    namespace: str
+    name: str
+    layout: SegmentLayout
+    grace_period: float
+    subscriptions: dict[str, _Subscription] = field(default_factory=dict)
+    watch_task: asyncio.Task[None] | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.namespace, self.name
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def _normalised(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a subscription status that :meth:`SubscriptionCoordinator.to_status`
+    writes, in its canonical form, to tell whether a persisted status is current."""
+    consumers = status.get("consumers") or []
+    return {
+        "layoutEpoch": status.get("layoutEpoch"),
+        "consumers": sorted(
+            (
+                {"name": c.get("name"), "segments": sorted(c.get("segments") or [])}
+                for c in consumers
+                if isinstance(c, Mapping)
+            ),
+            key=lambda c: str(c["name"]),
+        ),
+        "drainedSegments": sorted(status.get("drainedSegments") or []),
+    }
+
+
+class ConsumerHub:
+    """Consumer controller sessions of the topics this replica leads.
+
+    ``persist(namespace, topic, subscription, status)`` writes a subscription's
+    :meth:`~SubscriptionCoordinator.to_status` into ``status.subscriptions`` (the reconciler's
+    CAS write); ``on_consumers_changed(namespace, topic)`` is called when the registered
+    consumers of a topic changed (event-driven autoscale). ``clock`` gives Unix seconds.
+
+    The sync methods must be called on the event loop that serves the sessions.
+    """
+
+    def __init__(
+        self,
+        *,
+        persist: PersistFn,
+        on_consumers_changed: ConsumersChangedFn,
+        clock: Callable[[], float] = time.time,
+        dags: DagSource | None = None,
+        routing: Routing | None = None,
+    ) -> None:
+        self._persist_fn = persist
+        self._on_consumers_changed = on_consumers_changed
+        self._clock = clock
+        self._dags = dags
+        self._routing = routing
+        self._topics: dict[tuple[str, str], _Topic] = {}
+        self._closed = False
+
+    def bind(self, *, dags: DagSource, routing: Routing) -> None:
+        """Give the hub the replica's topic cache (broker URLs for assignments, broker moves)
+        and its shard routing (redirect targets), unless given at construction. ``make_app``
+        calls this."""
+        if self._dags is None:
+            self._dags = dags
+        if self._routing is None:
+            self._routing = routing
+
+    # -- the reconciler's side ----------------------------------------------------------------
+
+    def restore(
+        self,
+        namespace: str,
+        topic: str,
+        layout: SegmentLayout,
+        subscriptions_status: list[dict[str, Any]],
+        *,
+        grace_period: float,
+        strategies: Mapping[str, str],
+    ) -> None:
+        """Take the topic's stream subscriptions over (``strategies``: name → assignment
+        strategy, one entry per Stream subscription of the spec).
+
+        For a topic the hub does not serve yet (a new leader), every subscription is restored
+        from its entry in ``subscriptions_status`` with a fresh grace period for every consumer.
+        A subscription without an entry is new: its subscription exists on no sealed segment
+        (the operator creates cursors on active segments only), so the sealed segments count as
+        drained for it. The status is written back when restoring changed it.
+
+        Calling it again for a served topic applies spec changes: new subscriptions are added,
+        removed ones are dropped (their consumers are closed with ``INVALID_SUBSCRIPTION``), a
+        changed strategy or grace period rebuilds the coordinator from its own state with the
+        connected consumers re-registered, and a newer layout is applied. Live state is kept
+        otherwise (it is newer than anything persisted).
+        """
+        now = self._clock()
+        key = (namespace, topic)
+        state = self._topics.get(key)
+        if state is None:
+            state = _Topic(namespace, topic, layout, grace_period)
+            self._topics[key] = state
+            log.info(
+                "consumer hub: serving topic %s/%s (epoch %d, subscriptions %s)",
+                namespace,
+                topic,
+                layout.epoch,
+                sorted(strategies),
+            )
+        elif layout.epoch > state.layout.epoch:
+            self.layout_changed(namespace, topic, layout)
+        state.grace_period = grace_period
+        entries = {
+            str(e["name"]): e
+            for e in subscriptions_status
+            if isinstance(e, Mapping) and isinstance(e.get("name"), str)
+        }
+        changed = False
+        for name in sorted(set(state.subscriptions) - set(strategies)):
+            self._drop_subscription(state, state.subscriptions.pop(name), "removed from the spec")
+            changed = True
+        for name, strategy in sorted(strategies.items()):
+            sub = state.subscriptions.get(name)
+            if sub is None:
+                coordinator = self._restored(state, name, entries.get(name), strategy, now)
+                sub = _Subscription(name, coordinator)
+                state.subscriptions[name] = sub
+                status = coordinator.to_status()
+                entry = entries.get(name)
+                if entry is None or _normalised(entry) != _normalised(status):
+                    self._persist(state, sub, status)
+                changed = changed or bool(coordinator.sessions())
+                self._arm(state, sub)
+            elif (
+                AssignmentStrategy(strategy) is not sub.coordinator.strategy
+                or grace_period != sub.coordinator.grace_period
+            ):
+                self._rebuild(state, sub, strategy, now)
+        if changed:
+            self._notify(state)
+
+    def layout_changed(self, namespace: str, topic: str, layout: SegmentLayout) -> None:
+        """A split, merge, rebucket or prune committed ``layout``."""
+        state = self._topics.get((namespace, topic))
+        if state is None:
+            return
+        if layout.epoch < state.layout.epoch:
+            log.debug(
+                "consumer hub: %s: ignoring layout epoch %d (at %d)",
+                state,
+                layout.epoch,
+                state.layout.epoch,
+            )
+            return
+        state.layout = layout
+        now = self._clock()
+        for sub in list(state.subscriptions.values()):
+            self._event(state, sub, lambda c: c.layout_changed(layout, now))
+
+    def segment_drained(
+        self, namespace: str, topic: str, subscription: str, segment_id: int
+    ) -> None:
+        """The controller observed that ``subscription`` has no backlog on sealed
+        ``segment_id`` (e.g. from the broker's stats)."""
+        state = self._topics.get((namespace, topic))
+        sub = state.subscriptions.get(subscription) if state else None
+        if state is None or sub is None:
+            return
+        now = self._clock()
+        result = self._event(state, sub, lambda c: c.drained(None, segment_id, now))
+        if result.rejected:
+            log.info("consumer hub: %s %s: drain not applied: %s", state, sub.name, result.rejected)
+
+    def stream_consumer_counts(self, namespace: str, topic: str) -> dict[str, int]:
+        """Subscription → registered consumers (connected or in their grace period)."""
+        state = self._topics.get((namespace, topic))
+        if state is None:
+            return {}
+        return {name: len(sub.coordinator.sessions()) for name, sub in state.subscriptions.items()}
+
+    def forget_topic(self, namespace: str, topic: str) -> None:
+        """Stop serving the topic (deleted, or its shard lost): close its consumer sockets with a
+        redirect to the new leader when known (else a retry hint) and drop its state. Pending
+        persists are cancelled: this replica may no longer write the topic."""
+        state = self._topics.pop((namespace, topic), None)
+        if state is None:
+            return
+        deleted = self._dags is not None and self._dags.dag(namespace, topic) is None
+        log.info(
+            "consumer hub: no longer serving %s (%s)", state, "deleted" if deleted else "moved"
+        )
+        for sub in state.subscriptions.values():
+            self._stop_subscription(sub)
+            for session in sub.sessions.values():
+                if deleted:
+                    session.finish(
+                        ErrorMessage(
+                            code=ErrorCode.UNKNOWN_TOPIC,
+                            message=f"topic {state} was deleted",
+                        ),
+                        CloseCode.UNKNOWN_TOPIC,
+                        "topic deleted",
+                    )
+                else:
+                    self._redirect(session, "the topic's controller leadership moved")
+            sub.sessions.clear()
+        if state.watch_task is not None:
+            state.watch_task.cancel()
+
+    async def close(self) -> None:
+        """Close every consumer socket (``GOING_AWAY`` with a retry hint), let in-flight
+        persists finish for a few seconds, and drop all state."""
+        if self._closed:
+            return
+        self._closed = True
+        sessions: list[ConsumerSession] = []
+        persists: list[asyncio.Task[None]] = []
+        watches: list[asyncio.Task[None]] = []
+        for state in self._topics.values():
+            if state.watch_task is not None:
+                watches.append(state.watch_task)
+                state.watch_task.cancel()
+            for sub in state.subscriptions.values():
+                if sub.timer is not None:
+                    sub.timer.cancel()
+                if sub.persist_task is not None and not sub.persist_task.done():
+                    persists.append(sub.persist_task)
+                for session in sub.sessions.values():
+                    session.finish(
+                        RedirectMessage(
+                            retry_after=_RETRY_AFTER, reason="controller shutting down"
+                        ),
+                        CloseCode.GOING_AWAY,
+                        "controller shutting down",
+                    )
+                    sessions.append(session)
+        self._topics.clear()
+        pending = [asyncio.ensure_future(s.wait_closed()) for s in sessions] + persists
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=_CLOSE_FLUSH_TIMEOUT)
+            for task in late:
+                task.cancel()
+        await asyncio.gather(*watches, return_exceptions=True)
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def serves(self, namespace: str, topic: str) -> bool:
+        return (namespace, topic) in self._topics
+
+    def coordinator(
+        self, namespace: str, topic: str, subscription: str
+    ) -> SubscriptionCoordinator | None:
+        state = self._topics.get((namespace, topic))
+        sub = state.subscriptions.get(subscription) if state else None
+        return sub.coordinator if sub else None
+
+    def positions(self, namespace: str, topic: str, subscription: str) -> dict[str, dict[int, int]]:
+        """Consumer → segment → the last position it reported (in memory only: positions are
+        informational and change too often to be written to the resource)."""
+        state = self._topics.get((namespace, topic))
+        sub = state.subscriptions.get(subscription) if state else None
+        if sub is None:
+            return {}
+        return {name: dict(p) for name, p in sub.positions.items()}
+
+    def session_count(self) -> int:
+        return sum(
+            len(sub.sessions) for t in self._topics.values() for sub in t.subscriptions.values()
+        )
+
+    # -- the session layer's side -------------------------------------------------------------
+
+    def open_session(
+        self, namespace: str, topic: str, message: RegisterMessage, ws: web.WebSocketResponse
+    ) -> ConsumerSession:
+        """Register a consumer on a new socket; raises :class:`SessionRejected`.
+
+        A consumer name that already has a socket: the newer session wins, the older one is
+        closed with ``SUPERSEDED``.
+        """
+        state = self._topics.get((namespace, topic))
+        if state is None or self._closed:
+            raise SessionRejected(
+                CloseCode.UNAVAILABLE,
+                RedirectMessage(
+                    retry_after=_RETRY_AFTER,
+                    reason=f"the controller is not serving consumers of {namespace}/{topic} yet",
+                ),
+            )
+        sub = state.subscriptions.get(message.subscription)
+        if sub is None:
+            known = ", ".join(sorted(state.subscriptions)) or "none"
+            raise SessionRejected(
+                CloseCode.INVALID_SUBSCRIPTION,
+                ErrorMessage(
+                    code=ErrorCode.INVALID_SUBSCRIPTION,
+                    message=(
+                        f"subscription {message.subscription!r} is not a Stream subscription of "
+                        f"topic {state} (Stream subscriptions: {known}); Queue subscriptions "
+                        "attach to every segment without a controller session"
+                    ),
+                ),
+            )
+        session = ConsumerSession(
+            ws,
+            namespace=namespace,
+            topic=topic,
+            subscription=sub.name,
+            consumer=message.consumer,
+            consumer_type=message.consumer_type,
+        )
+        old = sub.sessions.get(message.consumer)
+        sub.sessions[message.consumer] = session
+        if old is not None:
+            log.info("consumer hub: %r replaced by a newer session %d", old, session.id)
+            old.finish(
+                ErrorMessage(
+                    code=ErrorCode.SUPERSEDED,
+                    message=f"consumer {message.consumer!r} registered again on another session",
+                ),
+                CloseCode.SUPERSEDED,
+                "replaced by a newer session",
+            )
+        now = self._clock()
+        log.info(
+            "consumer hub: %s %s: consumer %s registered (%s, session %d)",
+            state,
+            sub.name,
+            message.consumer,
+            message.consumer_type.value,
+            session.id,
+        )
+        self._event(state, sub, lambda c: c.register(message.consumer, now))
+        self._ensure_watch(state)
+        return session
+
+    def report_drained(self, session: ConsumerSession, segment_id: int) -> None:
+        found = self._current(session)
+        if found is None:
+            return
+        state, sub = found
+        now = self._clock()
+        result = self._event(state, sub, lambda c: c.drained(session.consumer, segment_id, now))
+        if result.rejected:
+            session.send(
+                ErrorMessage(code=ErrorCode.REJECTED, message=result.rejected, fatal=False)
+            )
+
+    def record_position(self, session: ConsumerSession, segment_id: int, position: int) -> None:
+        found = self._current(session)
+        if found is not None:
+            found[1].positions.setdefault(session.consumer, {})[segment_id] = position
+
+    def unregister(self, session: ConsumerSession) -> None:
+        """The consumer leaves for good: redistribute its segments now and close its socket."""
+        found = self._current(session)
+        if found is not None:
+            state, sub = found
+            del sub.sessions[session.consumer]
+            log.info("consumer hub: %s %s: consumer %s unregistered", state, sub.name, session)
+            now = self._clock()
+            self._event(state, sub, lambda c: c.unregister(session.consumer, now))
+        session.finish(None, CloseCode.NORMAL, "unregistered")
+
+    def session_closed(self, session: ConsumerSession) -> None:
+        """The socket is gone: the consumer's grace period starts (if it still was current)."""
+        found = self._current(session)
+        if found is not None:
+            state, sub = found
+            del sub.sessions[session.consumer]
+            log.info(
+                "consumer hub: %s %s: consumer %s disconnected (grace %.1fs)",
+                state,
+                sub.name,
+                session.consumer,
+                sub.coordinator.grace_period,
+            )
+            now = self._clock()
+            self._event(state, sub, lambda c: c.disconnect(session.consumer, now))
+        session.finish(None, CloseCode.GOING_AWAY, "session closed")
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _current(self, session: ConsumerSession) -> tuple[_Topic, _Subscription] | None:
+        state = self._topics.get((session.namespace, session.topic))
+        sub = state.subscriptions.get(session.subscription) if state else None
+        if state is None or sub is None or sub.sessions.get(session.consumer) is not session:
+            return None
+        return state, sub
+
+    def _restored(
+        self,
+        state: _Topic,
+        name: str,
+        entry: Mapping[str, Any] | None,
+        strategy: str,
+        now: float,
+    ) -> SubscriptionCoordinator:
+        if entry is not None:
+            try:
+                return SubscriptionCoordinator.from_status(
+                    entry, state.layout, now, grace_period=state.grace_period, strategy=strategy
+                )
+            except ValueError as exc:
+                log.warning(
+                    "consumer hub: %s %s: persisted registrations unusable (%s); starting afresh",
+                    state,
+                    name,
+                    exc,
+                )
+        sealed = [i for i, s in state.layout.segments.items() if not s.active]
+        return SubscriptionCoordinator(
+            state.layout, strategy=strategy, grace_period=state.grace_period, drained=sealed
+        )
+
+    def _rebuild(self, state: _Topic, sub: _Subscription, strategy: str, now: float) -> None:
+        log.info(
+            "consumer hub: %s %s: strategy %s, grace %.1fs",
+            state,
+            sub.name,
+            strategy,
+            state.grace_period,
+        )
+        before = set(sub.coordinator.sessions())
+        sub.coordinator = SubscriptionCoordinator.from_status(
+            sub.coordinator.to_status(),
+            state.layout,
+            now,
+            grace_period=state.grace_period,
+            strategy=strategy,
+        )
+        for name in sorted(sub.sessions):
+            self._apply(state, sub, sub.coordinator.register(name, now), before)
+        self._arm(state, sub)
+
+    def _event(
+        self,
+        state: _Topic,
+        sub: _Subscription,
+        event: Callable[[SubscriptionCoordinator], CoordinatorResult],
+    ) -> CoordinatorResult:
+        before = set(sub.coordinator.sessions())
+        result = event(sub.coordinator)
+        self._apply(state, sub, result, before)
+        return result
+
+    def _apply(
+        self, state: _Topic, sub: _Subscription, result: CoordinatorResult, before: set[str]
+    ) -> None:
+        for effect in result.push:
+            session = sub.sessions.get(effect.consumer)
+            if session is not None:
+                self._push(state, sub, session, effect.assignment)
+        if result.expired:
+            log.info(
+                "consumer hub: %s %s: grace period over for %s",
+                state,
+                sub.name,
+                ", ".join(result.expired),
+            )
+        if result.moved:
+            log.info("consumer hub: %s %s: moved segments %s", state, sub.name, list(result.moved))
+        if result.persist is not None:
+            self._persist(state, sub, result.persist.status)
+        after = set(sub.coordinator.sessions())
+        for gone in set(sub.positions) - after:
+            del sub.positions[gone]
+        self._arm(state, sub)
+        if after != before:
+            self._notify(state)
+
+    def _brokers(self, state: _Topic) -> Mapping[int, str]:
+        dag = self._dags.dag(state.namespace, state.name) if self._dags else None
+        return dag.brokers() if dag is not None else {}
+
+    def _push(
+        self,
+        state: _Topic,
+        sub: _Subscription,
+        session: ConsumerSession,
+        assignment: ConsumerAssignment,
+        brokers: Mapping[int, str] | None = None,
+    ) -> None:
+        urls = self._brokers(state) if brokers is None else brokers
+        message = assignment_message(state.namespace, state.name, sub.name, assignment, urls)
+        session.sent_brokers = {s.segment_id: s.broker_url for s in message.segments}
+        session.send(message)
+
+    def _notify(self, state: _Topic) -> None:
+        try:
+            self._on_consumers_changed(state.namespace, state.name)
+        except Exception:
+            log.exception("consumer hub: %s: on_consumers_changed failed", state)
+
+    def _arm(self, state: _Topic, sub: _Subscription) -> None:
+        if sub.timer is not None:
+            sub.timer.cancel()
+            sub.timer = None
+        deadline = sub.coordinator.next_deadline()
+        if deadline is None or self._closed:
+            return
+        delay = max(0.0, deadline - self._clock())
+        sub.timer = asyncio.get_running_loop().call_later(delay, self._expire, state, sub)
+
+    def _expire(self, state: _Topic, sub: _Subscription) -> None:
+        sub.timer = None
+        if state.subscriptions.get(sub.name) is not sub or self._topics.get(state.key) is not state:
+            return
+        now = self._clock()
+        self._event(state, sub, lambda c: c.tick(now))
+
+    def _persist(self, state: _Topic, sub: _Subscription, status: dict[str, Any]) -> None:
+        sub.persist_pending = status
+        if sub.persist_task is None or sub.persist_task.done():
+            sub.persist_task = asyncio.create_task(
+                self._persist_loop(state, sub), name=f"persist-{state}-{sub.name}"
+            )
+
+    async def _persist_loop(self, state: _Topic, sub: _Subscription) -> None:
+        backoff, max_backoff = _PERSIST_BACKOFF
+        while sub.persist_pending is not None:
+            status, sub.persist_pending = sub.persist_pending, None
+            try:
+                await self._persist_fn(state.namespace, state.name, sub.name, status)
+                backoff = _PERSIST_BACKOFF[0]
+            except Exception:
+                log.exception(
+                    "consumer hub: %s %s: persisting registrations failed; retrying in %.1fs",
+                    state,
+                    sub.name,
+                    backoff,
+                )
+                if sub.persist_pending is None:
+                    sub.persist_pending = status
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, max_backoff)
+
+    def _stop_subscription(self, sub: _Subscription) -> None:
+        if sub.timer is not None:
+            sub.timer.cancel()
+            sub.timer = None
+        if sub.persist_task is not None:
+            sub.persist_task.cancel()
+        sub.persist_pending = None
+
+    def _drop_subscription(self, state: _Topic, sub: _Subscription, why: str) -> None:
+        log.info("consumer hub: %s: subscription %s %s", state, sub.name, why)
+        self._stop_subscription(sub)
+        for session in sub.sessions.values():
+            session.finish(
+                ErrorMessage(
+                    code=ErrorCode.INVALID_SUBSCRIPTION,
+                    message=f"subscription {sub.name!r} was {why}",
+                ),
+                CloseCode.INVALID_SUBSCRIPTION,
+                f"subscription {why}",
+            )
+        sub.sessions.clear()
+
+    def _redirect(self, session: ConsumerSession, reason: str) -> None:
+        url = None
+        routing = self._routing
+        if routing is not None and not routing.leads(session.namespace, session.topic):
+            leader = routing.leader_url(session.namespace, session.topic)
+            if leader:
+                url = leader.rstrip("/") + consumers_path(session.namespace, session.topic)
+        session.finish(
+            RedirectMessage(url=url, retry_after=_RETRY_AFTER, reason=reason),
+            CloseCode.MOVED if url else CloseCode.UNAVAILABLE,
+            reason,
+        )
+
+    def _ensure_watch(self, state: _Topic) -> None:
+        if self._dags is None or (state.watch_task is not None and not state.watch_task.done()):
+            return
+        state.watch_task = asyncio.create_task(
+            self._watch_brokers(state), name=f"consumer-hub-watch-{state}"
+        )
+
+    async def _watch_brokers(self, state: _Topic) -> None:
+        """Re-send an assignment when a broker URL in it changed (a segment placed or moved).
+
+        A layout commit reaches the hub (``layout_changed``) and the topic cache in either
+        order; assignments pushed before the cache knew the new segments' brokers carry
+        ``brokerUrl: null`` and are completed here.
+        """
+        dags = self._dags
+        if dags is None:
+            return
+        try:
+            async for dag in dags.watch(state.namespace, state.name):
+                if self._topics.get(state.key) is not state:
+                    return
+                brokers = dag.brokers()
+                for sub in state.subscriptions.values():
+                    for session in sub.sessions.values():
+                        if any(brokers.get(i) != url for i, url in session.sent_brokers.items()):
+                            assignment = sub.coordinator.assignment(session.consumer)
+                            self._push(state, sub, session, assignment, brokers)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("consumer hub: %s: DAG watch for broker URLs failed", state)

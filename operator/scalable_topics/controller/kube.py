@@ -1,0 +1,234 @@
+"""The operator's own Kubernetes API calls (kubernetes_asyncio), kept to the verbs in the RBAC.
+
+kopf watches and indexes; everything the controller *writes* goes through here, so that every
+status write is a compare-and-swap on ``resourceVersion`` and every verb used is listed in one
+place (``manifests/base/operator-rbac.yaml`` mirrors it).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from ..core.resources import GROUP, VERSION
+from ..core.resources import SEGMENT_PLURAL as SEGMENTS
+from ..core.resources import TOPIC_PLURAL as SCALABLE_TOPICS
+
+log = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+
+
+class Conflict(Exception):
+    """The object changed since we read it (HTTP 409): re-read and re-apply."""
+
+
+class NotFound(Exception):
+    """The object does not exist (HTTP 404)."""
+
+
+def _translate(exc: ApiException) -> Exception:
+    if exc.status == 409:
+        return Conflict(exc.reason)
+    if exc.status == 404:
+        return NotFound(exc.reason)
+    return exc
+
+
+MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubeApi:
+    """Typed façade over the few endpoints the controller uses."""
+
+    def __init__(self, api_client: k8s.ApiClient) -> None:
+        self.api_client = api_client
+        self.custom = k8s.CustomObjectsApi(api_client)
+        self.core = k8s.CoreV1Api(api_client)
+        self.coordination = k8s.CoordinationV1Api(api_client)
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None = None) -> KubeApi:
+        """In-cluster credentials when running in a pod, else the kubeconfig (``$KUBECONFIG``)."""
+        configuration = k8s.Configuration()
+        try:
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        except k8s_config.ConfigException:
+            await k8s_config.load_kube_config(
+                config_file=kubeconfig, client_configuration=configuration
+            )
+        return cls(k8s.ApiClient(configuration))
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+    # -- ScalableTopic -------------------------------------------------------------------------
+
+    async def get_topic(self, namespace: str, name: str) -> Body | None:
+        try:
+            return cast(
+                Body,
+                await self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, SCALABLE_TOPICS, name
+                ),
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def list_topics(self) -> list[Body]:
+        result = await self.custom.list_custom_object_for_all_namespaces(
+            GROUP, VERSION, SCALABLE_TOPICS
+        )
+        return cast(list[Body], result.get("items", []))
+
+    async def replace_topic_status(self, body: Body) -> Body:
+        """Write ``body['status']`` if the topic still has ``body``'s resourceVersion."""
+        meta = body["metadata"]
+        try:
+            return cast(
+                Body,
+                await self.custom.replace_namespaced_custom_object_status(
+                    GROUP, VERSION, meta["namespace"], SCALABLE_TOPICS, meta["name"], body
+                ),
+            )
+        except ApiException as exc:
+            raise _translate(exc) from None
+
+    async def patch_topic(self, namespace: str, name: str, patch: Body) -> Body:
+        """JSON merge patch of metadata (finalizers, annotations)."""
+        try:
+            return cast(
+                Body,
+                await self.custom.patch_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    SCALABLE_TOPICS,
+                    name,
+                    patch,
+                    **MERGE_PATCH,
+                ),
+            )
+        except ApiException as exc:
+            raise _translate(exc) from None
+
+    # -- Segment -------------------------------------------------------------------------------
+
+    async def list_segments(self, namespace: str, topic: str) -> list[Body]:
+        result = await self.custom.list_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            SEGMENTS,
+            label_selector=f"{GROUP}/topic={topic}",
+        )
+        return cast(list[Body], result.get("items", []))
+
+    async def create_segment(self, body: Body) -> Body:
+        """Create, or return the existing object when it is already there (idempotent)."""
+        meta = body["metadata"]
+        try:
+            return cast(
+                Body,
+                await self.custom.create_namespaced_custom_object(
+                    GROUP, VERSION, meta["namespace"], SEGMENTS, body
+                ),
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        existing = await self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, meta["namespace"], SEGMENTS, meta["name"]
+        )
+        return cast(Body, existing)
+
+    async def patch_segment_status(self, namespace: str, name: str, status: Body) -> Body:
+        try:
+            return cast(
+                Body,
+                await self.custom.patch_namespaced_custom_object_status(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    SEGMENTS,
+                    name,
+                    {"status": status},
+                    **MERGE_PATCH,
+                ),
+            )
+        except ApiException as exc:
+            raise _translate(exc) from None
+
+    async def delete_segment(self, namespace: str, name: str) -> None:
+        try:
+            await self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, SEGMENTS, name
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # -- Pods, namespaces ------------------------------------------------------------------------
+
+    async def list_pods(self, namespace: str, label_selector: str) -> list[k8s.V1Pod]:
+        result = await self.core.list_namespaced_pod(namespace, label_selector=label_selector)
+        return list(result.items)
+
+    async def namespace_annotations(self, namespace: str) -> Mapping[str, str]:
+        try:
+            ns = await self.core.read_namespace(namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        return cast(Mapping[str, str], ns.metadata.annotations or {})
+
+    # -- Events --------------------------------------------------------------------------------
+
+    async def post_event(
+        self, obj: Body, *, type_: str, reason: str, message: str, component: str
+    ) -> None:
+        """A core/v1 Event about ``obj``. Failures are logged, never raised: an event is
+        information, and losing one must not fail the reconcile that produced it."""
+        meta = obj["metadata"]
+        stamp = datetime.now(UTC)
+        event = k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(
+                name=f"{meta['name']}.{uuid.uuid4().hex[:12]}", namespace=meta["namespace"]
+            ),
+            involved_object=k8s.V1ObjectReference(
+                api_version=obj.get("apiVersion"),
+                kind=obj.get("kind"),
+                name=meta["name"],
+                namespace=meta["namespace"],
+                uid=meta.get("uid"),
+                resource_version=meta.get("resourceVersion"),
+            ),
+            type=type_,
+            reason=reason,
+            message=message[:1024],
+            source=k8s.V1EventSource(component=component),
+            reporting_component=component,
+            first_timestamp=stamp,
+            last_timestamp=stamp,
+            count=1,
+        )
+        try:
+            await self.core.create_namespaced_event(meta["namespace"], event)
+        except Exception:
+            log.warning("could not post event %s/%s: %s", reason, meta["name"], message)

@@ -1,0 +1,438 @@
+"""The split/merge/rebucket protocol of DESIGN §5, executed step by step, crash-safe.
+
+1. record the intent in ``status.operation`` (CAS);
+2. discover the subscriptions (spec + the parents' brokers);
+3. create the children: Segment resources, placement, then the segments on their brokers with a
+   cursor at the start for every subscription — phase ``ChildrenCreated``;
+4. terminate the parents on their brokers with the successors' ranges and URLs (producers are
+   redirected without a lookup) — phase ``ParentsSealed``;
+5. CAS the new layout into ``status.layout`` and clear the intent in the same write;
+6. mark the Segments, tell the consumer hub, emit an event, count it.
+
+Each step is idempotent, so a new leader re-runs the step it finds recorded (or the one after).
+Before any parent is sealed the operation may be rolled back; after that only forward is safe
+(see ``core.operation.recovery``). Step 6 is also what the reconciler does level-based for any
+committed layout, so a crash after step 5 loses at most an event.
+
+``SCALABLE_TOPICS_FAULT=crash-after:<point>`` makes the process SIGKILL itself right after that
+point (``intent-recorded``, ``children-created``, ``parents-sealed``, ``layout-committed``) —
+the hook the crash tests use. It is read at start-up and never set in production manifests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from ..core.dagview import render_dag
+from ..core.layout import SegmentLayout
+from ..core.operation import Operation, OperationKind, Phase, Recovery, recovery
+from ..core.resources import (
+    API_VERSION,
+    LABEL_MANAGED_BY,
+    LABEL_SEGMENT_ID,
+    LABEL_TOPIC,
+    MANAGED_BY,
+    SEGMENT_KIND,
+    TOPIC_KIND,
+    format_time,
+    parse_topic_spec,
+    segment_name,
+)
+from . import metrics
+from .brokers import BrokerAdmin, BrokerError, Successor, choose_broker
+from .cache import TopicCache, layout_of
+from .kube import Body, KubeApi
+from .status import update_topic_status
+
+log = logging.getLogger(__name__)
+
+FAULT_ENV = "SCALABLE_TOPICS_FAULT"
+FAULT_POINTS = ("intent-recorded", "children-created", "parents-sealed", "layout-committed")
+
+EventSink = Callable[[Body, str, str, str], Awaitable[None]]
+LayoutListener = Callable[[str, str, SegmentLayout], None]
+
+
+class OperationRejected(Exception):
+    """The operation cannot start (another is in flight, or the layout moved on)."""
+
+
+class NoBrokerAvailable(Exception):
+    pass
+
+
+def segment_body(
+    topic: Body, segment_id: int, hash_range: Any, parents: list[int], buckets: int
+) -> Body:
+    meta = topic["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": SEGMENT_KIND,
+        "metadata": {
+            "name": segment_name(meta["name"], segment_id),
+            "namespace": meta["namespace"],
+            "labels": {
+                LABEL_TOPIC: meta["name"],
+                LABEL_SEGMENT_ID: str(segment_id),
+                LABEL_MANAGED_BY: MANAGED_BY,
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": TOPIC_KIND,
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "topic": meta["name"],
+            "segmentId": segment_id,
+            "range": {"start": hash_range.start, "end": hash_range.end, "hex": hash_range.hex()},
+            "parents": parents,
+            "buckets": buckets,
+        },
+    }
+
+
+def _fault_point() -> str | None:
+    value = os.environ.get(FAULT_ENV, "")
+    if value.startswith("crash-after:"):
+        point = value.split(":", 1)[1]
+        if point in FAULT_POINTS:
+            return point
+    return None
+
+
+class OperationExecutor:
+    def __init__(
+        self,
+        kube: KubeApi,
+        brokers: BrokerAdmin,
+        cache: TopicCache,
+        *,
+        events: EventSink,
+        on_layout: LayoutListener | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube = kube
+        self.brokers = brokers
+        self.cache = cache
+        self.events = events
+        self.on_layout = on_layout
+        self.clock = clock
+        self.fault = _fault_point()
+
+    def _crash_point(self, point: str) -> None:
+        if self.fault == point:
+            log.critical("fault injection: SIGKILL after %s", point)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # -- entry points --------------------------------------------------------------------------
+
+    async def start(self, topic: Body, operation: Operation) -> Body:
+        """Record the intent (step 1) and run the operation to its end."""
+        meta = topic["metadata"]
+
+        def record(status: dict[str, Any], obj: Body) -> None:
+            in_flight = status.get("operation")
+            if in_flight and in_flight.get("id") != operation.id:
+                raise OperationRejected(f"operation {in_flight.get('id')} is in flight")
+            layout = layout_of(obj)
+            if layout is None or layout.epoch != operation.base_epoch:
+                raise OperationRejected(
+                    f"layout moved on (epoch {layout.epoch if layout else None}, "
+                    f"planned on {operation.base_epoch})"
+                )
+            status["operation"] = operation.to_status()
+
+        topic = await update_topic_status(
+            self.kube, meta["namespace"], meta["name"], record, topic=topic
+        )
+        log.info(
+            "%s/%s: %s %s recorded (%s)",
+            meta["namespace"],
+            meta["name"],
+            operation.kind,
+            operation.id,
+            operation.reason,
+        )
+        self._crash_point("intent-recorded")
+        return await self.run(topic, operation)
+
+    async def resume(self, topic: Body) -> Body:
+        """A leader found ``status.operation``: finish it or roll it back."""
+        meta = topic["metadata"]
+        operation = Operation.from_status(topic["status"]["operation"])
+        layout = layout_of(topic)
+        if layout is None:
+            return await self.roll_back(topic, operation, "the topic has no layout")
+        sealed = await self._any_parent_sealed(topic, operation)
+        decision = recovery(operation, layout, any_parent_sealed=sealed)
+        log.warning(
+            "%s/%s: resuming %s %s at phase %s: %s",
+            meta["namespace"],
+            meta["name"],
+            operation.kind,
+            operation.id,
+            operation.phase,
+            decision,
+        )
+        if decision is Recovery.ROLL_BACK:
+            return await self.roll_back(
+                topic, operation, "the layout changed before any parent was sealed"
+            )
+        if sealed and operation.phase is Phase.INTENT:
+            operation = operation.advanced(Phase.CHILDREN_CREATED)
+        return await self.run(topic, operation)
+
+    async def run(self, topic: Body, operation: Operation) -> Body:
+        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        started = self.clock()
+        if operation.phase is Phase.INTENT:
+            await self._create_children(topic, operation)
+            operation = operation.advanced(Phase.CHILDREN_CREATED)
+            topic = await self._record_phase(topic, operation)
+            self._crash_point("children-created")
+        if operation.phase is Phase.CHILDREN_CREATED:
+            await self._seal_parents(topic, operation)
+            operation = operation.advanced(Phase.PARENTS_SEALED)
+            topic = await self._record_phase(topic, operation)
+            self._crash_point("parents-sealed")
+        topic = await self._commit(topic, operation)
+        self._crash_point("layout-committed")
+        metrics.OPERATION_SECONDS.labels(operation.kind.value).observe(self.clock() - started)
+        metrics.OPERATIONS.labels(
+            ns, name, operation.kind.value, operation.source, "committed"
+        ).inc()
+        await self._finish(topic, operation)
+        return topic
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    async def _subscriptions(self, topic: Body, operation: Operation) -> list[tuple[str, str]]:
+        """Step 2: the spec's subscriptions plus any the parents' brokers know about."""
+        spec = parse_topic_spec(topic.get("spec"))
+        found: dict[str, str] = {s.name: s.type.value for s in spec.subscriptions}
+        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        urls = self.cache.segment_brokers(ns, name)
+        for parent in operation.parents:
+            url = urls.get(parent)
+            if not url:
+                continue
+            stats = await self.brokers.stats(url, ns, name, parent)
+            for sub, info in ((stats or {}).get("subscriptions") or {}).items():
+                if sub not in found:
+                    kind = str((info or {}).get("type", "Exclusive"))
+                    found[sub] = "Queue" if kind in ("Queue", "KeyShared") else "Stream"
+        return sorted(found.items())
+
+    async def _place(self, topic: Body, segment_id: int) -> tuple[str, str]:
+        """The broker (pod, url) of a segment: the recorded one, else the least loaded."""
+        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        existing = self.cache.segments.get((ns, name), {}).get(segment_id)
+        broker = ((existing or {}).get("status") or {}).get("broker") or {}
+        if broker.get("pod") and broker["pod"] in self.cache.brokers:
+            pod = self.cache.brokers[broker["pod"]]
+            return pod.name, pod.url
+        choice = choose_broker(self.cache.brokers.values(), self.cache.broker_load())
+        if choice is None:
+            raise NoBrokerAvailable("no ready segment broker")
+        return choice.name, choice.url
+
+    async def ensure_segment(
+        self,
+        topic: Body,
+        segment_id: int,
+        hash_range: Any,
+        parents: list[int],
+        buckets: int,
+        subscriptions: list[tuple[str, str]],
+        *,
+        state: str = "Pending",
+    ) -> str:
+        """Segment resource + placement + segment on its broker; returns the broker URL."""
+        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        body = segment_body(topic, segment_id, hash_range, parents, buckets)
+        created = await self.kube.create_segment(body)
+        self.cache.put_segment(created)
+        pod, url = await self._place(topic, segment_id)
+        status = created.get("status") or {}
+        if (status.get("broker") or {}).get("url") != url or not status.get("state"):
+            updated = await self.kube.patch_segment_status(
+                ns,
+                body["metadata"]["name"],
+                {"broker": {"pod": pod, "url": url}, "state": status.get("state") or state},
+            )
+            self.cache.put_segment(updated)
+        retention = (topic.get("spec") or {}).get("retention")
+        await self.brokers.create_segment(
+            url,
+            ns,
+            name,
+            segment_id,
+            hash_range,
+            subscriptions=subscriptions,
+            buckets=buckets,
+            retention=retention,
+        )
+        return url
+
+    async def _create_children(self, topic: Body, operation: Operation) -> None:
+        subscriptions = await self._subscriptions(topic, operation)
+        for child in operation.children:
+            await self.ensure_segment(
+                topic,
+                child.segment_id,
+                child.hash_range,
+                list(child.parent_ids),
+                child.buckets,
+                subscriptions,
+            )
+
+    async def _seal_parents(self, topic: Body, operation: Operation) -> None:
+        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        urls = self.cache.segment_brokers(ns, name)
+        for parent in operation.parents:
+            successors = [
+                Successor(c.segment_id, c.hash_range, urls.get(c.segment_id, ""))
+                for c in operation.children
+                if parent in c.parent_ids
+            ]
+            url = urls.get(parent)
+            if not url:
+                raise BrokerError("?", f"segment {parent} has no broker recorded")
+            await self.brokers.terminate(url, ns, name, parent, successors)
+
+    async def _record_phase(self, topic: Body, operation: Operation) -> Body:
+        meta = topic["metadata"]
+
+        def change(status: dict[str, Any], obj: Body) -> None:
+            current = status.get("operation") or {}
+            if current.get("id") != operation.id:
+                raise OperationRejected(f"operation {operation.id} is no longer in status")
+            status["operation"] = operation.to_status()
+
+        return await update_topic_status(self.kube, meta["namespace"], meta["name"], change)
+
+    async def _commit(self, topic: Body, operation: Operation) -> Body:
+        meta = topic["metadata"]
+        now = format_time(self.clock())
+
+        def change(status: dict[str, Any], obj: Body) -> None:
+            current = status.get("operation") or {}
+            layout = layout_of(obj)
+            if current.get("id") != operation.id:
+                if layout is not None and layout.epoch > operation.base_epoch:
+                    return
+                raise OperationRejected(f"operation {operation.id} is no longer in status")
+            if layout is None:
+                raise OperationRejected("the topic has no layout")
+            new_layout = operation.apply(layout)
+            status["layout"] = new_layout.to_metadata()
+            status["epoch"] = new_layout.epoch
+            status["nextSegmentId"] = new_layout.next_segment_id
+            status["activeSegments"] = len(new_layout.active())
+            status["dag"] = render_dag(new_layout)
+            status.pop("operation", None)
+            if operation.kind is OperationKind.SPLIT:
+                status["lastSplitAt"] = now
+            elif operation.kind is OperationKind.MERGE:
+                status["lastMergeAt"] = now
+            if operation.request_id:
+                status["lastRequest"] = {
+                    "id": operation.request_id,
+                    "op": operation.kind.value,
+                    "result": "Succeeded",
+                    "message": _describe(operation),
+                    "completedAt": now,
+                }
+
+        return await update_topic_status(self.kube, meta["namespace"], meta["name"], change)
+
+    async def _finish(self, topic: Body, operation: Operation) -> None:
+        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        now = format_time(self.clock())
+        for parent in operation.parents:
+            updated = await self.kube.patch_segment_status(
+                ns, segment_name(name, parent), {"state": "Sealed", "sealedAt": now}
+            )
+            self.cache.put_segment(updated)
+        for child in operation.children:
+            updated = await self.kube.patch_segment_status(
+                ns, segment_name(name, child.segment_id), {"state": "Active"}
+            )
+            self.cache.put_segment(updated)
+        self.cache.put_topic(topic)
+        layout = layout_of(topic)
+        if layout is not None and self.on_layout is not None:
+            self.on_layout(ns, name, layout)
+        reason = {"split": "Split", "merge": "Merged", "rebucket": "Rebucketed"}[operation.kind]
+        await self.events(
+            topic,
+            "Normal",
+            reason,
+            f"{_describe(operation)} ({operation.source}: {operation.reason})",
+        )
+
+    async def _any_parent_sealed(self, topic: Body, operation: Operation) -> bool:
+        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        urls = self.cache.segment_brokers(ns, name)
+        for parent in operation.parents:
+            url = urls.get(parent)
+            if not url:
+                continue
+            stats = await self.brokers.stats(url, ns, name, parent)
+            if stats and stats.get("sealed"):
+                return True
+        return False
+
+    async def roll_back(self, topic: Body, operation: Operation, why: str) -> Body:
+        """Undo a not-yet-sealed operation: drop the children everywhere, clear the intent."""
+        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        urls = self.cache.segment_brokers(ns, name)
+        for child in operation.children:
+            url = urls.get(child.segment_id)
+            if url:
+                await self.brokers.delete_segment(url, ns, name, child.segment_id)
+            await self.kube.delete_segment(ns, segment_name(name, child.segment_id))
+        now = format_time(self.clock())
+
+        def change(status: dict[str, Any], obj: Body) -> None:
+            if (status.get("operation") or {}).get("id") == operation.id:
+                status.pop("operation", None)
+            if operation.request_id:
+                status["lastRequest"] = {
+                    "id": operation.request_id,
+                    "op": operation.kind.value,
+                    "result": "Failed",
+                    "message": f"rolled back: {why}",
+                    "completedAt": now,
+                }
+
+        topic = await update_topic_status(self.kube, ns, name, change)
+        metrics.OPERATIONS.labels(
+            ns, name, operation.kind.value, operation.source, "rolled-back"
+        ).inc()
+        await self.events(
+            topic, "Warning", "OperationRolledBack", f"{_describe(operation)} rolled back: {why}"
+        )
+        return topic
+
+
+def _describe(operation: Operation) -> str:
+    parents = ", ".join(f"#{p}" for p in operation.parents)
+    children = ", ".join(f"#{c.segment_id} {c.hash_range.hex()}" for c in operation.children)
+    verb = {"split": "split", "merge": "merged", "rebucket": "rebucketed"}[operation.kind]
+    return f"{verb} {parents} into {children}"
+
+
+def segment_states(layout: SegmentLayout) -> Mapping[int, str]:
+    return {sid: "Active" if s.active else "Sealed" for sid, s in layout.segments.items()}

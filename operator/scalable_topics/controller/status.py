@@ -1,0 +1,72 @@
+"""Compare-and-swap status updates: read, change, write with the read ``resourceVersion``; on a
+409 read again and re-apply the same change. A change that alters nothing writes nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from . import metrics
+from .kube import Body, Conflict, KubeApi, NotFound
+
+log = logging.getLogger(__name__)
+
+StatusChange = Callable[[dict[str, Any], Body], None]
+"""Mutates the status dict in place; gets the whole (fresh) object to look at."""
+
+_VOLATILE = ("lastTransitionTime",)
+
+
+def _comparable(status: Any) -> Any:
+    """Status without the timestamps of conditions (a re-asserted condition is no change)."""
+    if isinstance(status, dict):
+        return {k: _comparable(v) for k, v in status.items() if k not in _VOLATILE}
+    if isinstance(status, list):
+        return [_comparable(v) for v in status]
+    return status
+
+
+class TopicGone(Exception):
+    """The topic was deleted while we were working on it."""
+
+
+async def update_topic_status(
+    kube: KubeApi,
+    namespace: str,
+    name: str,
+    change: StatusChange,
+    *,
+    topic: Body | None = None,
+    attempts: int = 8,
+) -> Body:
+    """Apply ``change`` to the topic's status with CAS; returns the object as last written/read.
+
+    ``topic`` is an already-fresh copy to try first (saves a read when the caller has one).
+    """
+    current = topic
+    for _ in range(attempts):
+        if current is None:
+            current = await kube.get_topic(namespace, name)
+            if current is None:
+                raise TopicGone(f"{namespace}/{name}")
+        before = current.get("status") or {}
+        after = copy.deepcopy(before)
+        change(after, current)
+        if _comparable(after) == _comparable(before):
+            return current
+        body = dict(current)
+        body["status"] = after
+        try:
+            written = await kube.replace_topic_status(body)
+        except Conflict:
+            metrics.STATUS_WRITES.labels("ScalableTopic", "conflict").inc()
+            current = None
+            continue
+        except NotFound:
+            raise TopicGone(f"{namespace}/{name}") from None
+        metrics.STATUS_WRITES.labels("ScalableTopic", "written").inc()
+        return written
+    raise Conflict(f"{namespace}/{name}: status kept changing under us ({attempts} attempts)")
