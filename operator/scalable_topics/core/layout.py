@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import enum
 import itertools
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -17,6 +18,8 @@ from types import MappingProxyType
 from typing import Any
 
 from .hashing import RING_MAX
+
+_HEX_RANGE = re.compile(r"([0-9a-fA-F]{4})-([0-9a-fA-F]{4})")
 
 __all__ = [
     "HashRange",
@@ -86,13 +89,10 @@ class HashRange:
 
     @classmethod
     def from_hex(cls, text: str) -> HashRange:
-        parts = text.strip().split("-")
-        if len(parts) != 2:
-            raise ValueError(f"hash range {text!r} is not of the form 'ssss-eeee'")
-        try:
-            return cls(int(parts[0], 16), int(parts[1], 16))
-        except ValueError as exc:
-            raise ValueError(f"hash range {text!r}: {exc}") from None
+        match = _HEX_RANGE.fullmatch(text.strip())
+        if match is None:
+            raise ValueError(f"hash range {text!r} is not of the form 'ssss-eeee' (4 hex digits)")
+        return cls(int(match.group(1), 16), int(match.group(2), 16))
 
     def to_dict(self) -> dict[str, int]:
         return {"start": self.start, "end": self.end}
@@ -139,11 +139,18 @@ class SegmentInfo:
 
     @classmethod
     def from_metadata(cls, data: Mapping[str, Any]) -> SegmentInfo:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"malformed segment metadata {data!r}: not an object")
         try:
             hash_range = data["hashRange"]
             state = SegmentState(str(data.get("state", "ACTIVE")).upper())
             sealed_at = data.get("sealedAtEpoch")
             sealed_at_epoch = 0 if sealed_at is None or int(sealed_at) < 0 else int(sealed_at)
+            if state is SegmentState.ACTIVE and sealed_at_epoch != 0:
+                raise ValueError(
+                    f"segment {data.get('segmentId')} is ACTIVE but has sealedAtEpoch "
+                    f"{sealed_at_epoch}"
+                )
             return cls(
                 segment_id=int(data["segmentId"]),
                 hash_range=HashRange(int(hash_range["start"]), int(hash_range["end"])),
@@ -389,8 +396,10 @@ class SegmentLayout:
             raw_segments = data["segments"]
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed layout metadata: missing {exc}") from None
+        if not isinstance(raw_segments, Mapping):
+            raise ValueError(f"malformed layout metadata: segments is {raw_segments!r}")
         segments: dict[int, SegmentInfo] = {}
-        for key, raw in dict(raw_segments).items():
+        for key, raw in raw_segments.items():
             info = SegmentInfo.from_metadata(raw)
             if int(key) != info.segment_id:
                 raise ValueError(f"segment key {key} does not match segmentId {info.segment_id}")
@@ -401,12 +410,26 @@ class SegmentLayout:
         return layout
 
     def validate(self) -> None:
-        """Raise ``ValueError`` unless the active segments partition the ring and ids are sane."""
+        """Raise ``ValueError`` unless the active segments partition the ring, ids are sane and
+        every parent/child link is recorded on both sides."""
         if self.segments and max(self.segments) >= self.next_segment_id:
             raise ValueError(
                 f"nextSegmentId {self.next_segment_id} is not above the largest segment id "
                 f"{max(self.segments)}"
             )
+        for segment in self.segments.values():
+            for parent in segment.parent_ids:
+                if segment.segment_id not in getattr(self.segments.get(parent), "child_ids", ()):
+                    raise ValueError(
+                        f"segment {segment.segment_id} names parent {parent}, which does not "
+                        "list it as a child"
+                    )
+            for child in segment.child_ids:
+                if segment.segment_id not in getattr(self.segments.get(child), "parent_ids", ()):
+                    raise ValueError(
+                        f"segment {segment.segment_id} names child {child}, which does not "
+                        "list it as a parent"
+                    )
         expected_start = 0
         for segment in self._active_sorted:
             if segment.hash_range.start != expected_start:

@@ -139,8 +139,9 @@ class Operation:
             "phase": self.phase.value,
             "source": self.source,
             "reason": self.reason,
-            "startedAt": self.started_at,
         }
+        if self.started_at:
+            status["startedAt"] = self.started_at
         if self.at is not None:
             status["at"] = self.at
         if self.request_id is not None:
