@@ -21,6 +21,7 @@ from ..core.resources import (
     SEGMENT_PLURAL,
     TOPIC_PLURAL,
     VERSION,
+    SubscriptionType,
     parse_topic_spec,
 )
 from .autoscale import AutoScaler
@@ -90,7 +91,9 @@ class Controller:
             on_gained=self._gained,
             on_lost=self._lost,
         )
-        self.cache = TopicCache(controller_url=self.leadership.leader_url)
+        self.cache = TopicCache(
+            controller_url=self.leadership.leader_url, broker_port=s.broker_port
+        )
         self.cache.on_broker_change = self._resync_led
         self.brokers = BrokerAdmin(token=s.broker_token)
         self.autoscaler: AutoScaler | None = None
@@ -114,6 +117,9 @@ class Controller:
             defaults=s.defaults,
         )
         self.reconciler.on_deleted = self.hub.forget_topic
+        # The hub serves a topic's consumers once told about it: on gaining the shard, and
+        # after every reconcile (new topics, spec changes of subscriptions or grace period).
+        self.reconciler.on_reconciled = self._restore_consumers
         self.queue: WorkQueue[Key] = WorkQueue(
             self.reconciler.reconcile, workers=s.workers, name="topics"
         )
@@ -181,7 +187,11 @@ class Controller:
             layout,
             (topic.get("status") or {}).get("subscriptions") or [],
             grace_period=spec.consumer_grace_period,
-            strategies={s.name: s.assignment.value for s in spec.subscriptions},
+            strategies={
+                s.name: s.assignment.value
+                for s in spec.subscriptions
+                if s.type is SubscriptionType.STREAM
+            },
         )
 
     async def _lost(self, shard: int) -> None:

@@ -54,7 +54,13 @@ from ..core.sessions import (
 if TYPE_CHECKING:
     from .sessions import DagSource, Routing
 
-__all__ = ["ConsumerHub", "ConsumerSession", "SessionRejected"]
+__all__ = [
+    "ConsumerHub",
+    "ConsumerSession",
+    "SessionRejected",
+    "close_reason",
+    "leader_elsewhere",
+]
 
 log = logging.getLogger("scalable_topics.controller.sessions")
 
@@ -76,7 +82,19 @@ class SessionRejected(Exception):
         self.message = message
 
 
-def _close_reason(text: str) -> bytes:
+def leader_elsewhere(routing: Routing, own_url: str, namespace: str, topic: str) -> str:
+    """The base URL of the topic's leader when it is another replica, else "".
+
+    Right after losing a shard the Lease still names this replica until another one takes it;
+    pointing a client back here would only bounce it, so that counts as "unknown".
+    """
+    if routing.leads(namespace, topic):
+        return ""
+    leader = routing.leader_url(namespace, topic).rstrip("/")
+    return "" if not leader or leader == own_url else leader
+
+
+def close_reason(text: str) -> bytes:
     """A WebSocket close reason: at most 123 bytes of UTF-8."""
     data = text.encode()
     return data if len(data) <= 123 else data[:120].decode(errors="ignore").encode() + b"..."
@@ -143,7 +161,19 @@ class ConsumerSession:
             self._wake.set()
 
     async def wait_closed(self) -> None:
-        await asyncio.shield(self._writer)
+        """Wait until the last message is written and the socket closed (the handler calls
+        this; cancelling the caller does not cut the writer's close short)."""
+        try:
+            await asyncio.shield(self._writer)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            # the writer itself was cancelled (shutdown ran out of time): nothing to wait for
+
+    @property
+    def writer(self) -> asyncio.Task[None]:
+        return self._writer
 
     async def _write_loop(self) -> None:
         try:
@@ -153,18 +183,17 @@ class ConsumerSession:
                 while self._outbox:
                     await self.ws.send_str(encode(self._outbox.popleft()))
                 if self._final is not None:
-                    message, code, reason = self._final
+                    message, _, _ = self._final
                     if message is not None and not self.ws.closed:
                         await self.ws.send_str(encode(message))
                     break
         except (ConnectionError, RuntimeError) as exc:
             log.debug("%r: write failed: %s", self, exc)
-        finally:
-            if self._final is None:
-                self._final = (None, CloseCode.GOING_AWAY, "writer stopped")
-            _, code, reason = self._final
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await self.ws.close(code=code, message=_close_reason(reason))
+        if self._final is None:
+            self._final = (None, CloseCode.GOING_AWAY, "writer stopped")
+        _, code, reason = self._final
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.ws.close(code=code, message=close_reason(reason))
 
 
 @dataclass(eq=False)
@@ -195,6 +224,24 @@ class _Topic:
         return f"{self.namespace}/{self.name}"
 
 
+def _fields(
+    event: str,
+    state: _Topic,
+    sub: _Subscription | None = None,
+    consumer: str | None = None,
+    **more: object,
+) -> dict[str, object]:
+    """``extra`` of a structured log record (``core.logfmt``): the event and what it is about,
+    ``topic`` as ``namespace/name``."""
+    fields: dict[str, object] = {"event": event, "topic": str(state)}
+    if sub is not None:
+        fields["subscription"] = sub.name
+    if consumer is not None:
+        fields["consumer"] = consumer
+    fields.update(more)
+    return fields
+
+
 def _normalised(status: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a subscription status that :meth:`SubscriptionCoordinator.to_status`
     writes, in its canonical form, to tell whether a persisted status is current."""
@@ -211,6 +258,13 @@ def _normalised(status: Mapping[str, Any]) -> dict[str, Any]:
         ),
         "drainedSegments": sorted(status.get("drainedSegments") or []),
     }
+
+
+def _differs(entry: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    try:
+        return _normalised(entry) != _normalised(status)
+    except TypeError:  # mixed types in a hand-edited status: not the canonical form
+        return True
 
 
 class ConsumerHub:
@@ -238,17 +292,19 @@ class ConsumerHub:
         self._clock = clock
         self._dags = dags
         self._routing = routing
+        self._own_url = ""
         self._topics: dict[tuple[str, str], _Topic] = {}
         self._closed = False
 
-    def bind(self, *, dags: DagSource, routing: Routing) -> None:
+    def bind(self, *, dags: DagSource, routing: Routing, own_url: str = "") -> None:
         """Give the hub the replica's topic cache (broker URLs for assignments, broker moves)
-        and its shard routing (redirect targets), unless given at construction. ``make_app``
-        calls this."""
+        and its shard routing (redirect targets), unless given at construction, and this
+        replica's URL (never a redirect target). ``make_app`` calls this."""
         if self._dags is None:
             self._dags = dags
         if self._routing is None:
             self._routing = routing
+        self._own_url = own_url.rstrip("/")
 
     # -- the reconciler's side ----------------------------------------------------------------
 
@@ -289,6 +345,7 @@ class ConsumerHub:
                 topic,
                 layout.epoch,
                 sorted(strategies),
+                extra=_fields("topic.served", state, epoch=layout.epoch),
             )
         elif layout.epoch > state.layout.epoch:
             self.layout_changed(namespace, topic, layout)
@@ -310,7 +367,7 @@ class ConsumerHub:
                 state.subscriptions[name] = sub
                 status = coordinator.to_status()
                 entry = entries.get(name)
-                if entry is None or _normalised(entry) != _normalised(status):
+                if entry is None or _differs(entry, status):
                     self._persist(state, sub, status)
                 changed = changed or bool(coordinator.sessions())
                 self._arm(state, sub)
@@ -352,7 +409,14 @@ class ConsumerHub:
         now = self._clock()
         result = self._event(state, sub, lambda c: c.drained(None, segment_id, now))
         if result.rejected:
-            log.info("consumer hub: %s %s: drain not applied: %s", state, sub.name, result.rejected)
+            log.info(
+                "consumer hub: %s %s: drain of %d not applied: %s",
+                state,
+                sub.name,
+                segment_id,
+                result.rejected,
+                extra=_fields("drain.rejected", state, sub, segment=segment_id),
+            )
 
     def stream_consumer_counts(self, namespace: str, topic: str) -> dict[str, int]:
         """Subscription → registered consumers (connected or in their grace period)."""
@@ -370,7 +434,10 @@ class ConsumerHub:
             return
         deleted = self._dags is not None and self._dags.dag(namespace, topic) is None
         log.info(
-            "consumer hub: no longer serving %s (%s)", state, "deleted" if deleted else "moved"
+            "consumer hub: no longer serving %s (%s)",
+            state,
+            "deleted" if deleted else "moved",
+            extra=_fields("topic.forgotten", state, deleted=deleted),
         )
         for sub in state.subscriptions.values():
             self._stop_subscription(sub)
@@ -418,11 +485,12 @@ class ConsumerHub:
                     )
                     sessions.append(session)
         self._topics.clear()
-        pending = [asyncio.ensure_future(s.wait_closed()) for s in sessions] + persists
+        pending = [s.writer for s in sessions] + persists
         if pending:
             _, late = await asyncio.wait(pending, timeout=_CLOSE_FLUSH_TIMEOUT)
             for task in late:
                 task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         await asyncio.gather(*watches, return_exceptions=True)
 
     # -- queries ------------------------------------------------------------------------------
@@ -495,7 +563,12 @@ class ConsumerHub:
         old = sub.sessions.get(message.consumer)
         sub.sessions[message.consumer] = session
         if old is not None:
-            log.info("consumer hub: %r replaced by a newer session %d", old, session.id)
+            log.info(
+                "consumer hub: %r replaced by a newer session %d",
+                old,
+                session.id,
+                extra=_fields("consumer.superseded", state, sub, old.consumer, session=old.id),
+            )
             old.finish(
                 ErrorMessage(
                     code=ErrorCode.SUPERSEDED,
@@ -512,6 +585,7 @@ class ConsumerHub:
             message.consumer,
             message.consumer_type.value,
             session.id,
+            extra=_fields("consumer.registered", state, sub, message.consumer, session=session.id),
         )
         self._event(state, sub, lambda c: c.register(message.consumer, now))
         self._ensure_watch(state)
@@ -540,7 +614,13 @@ class ConsumerHub:
         if found is not None:
             state, sub = found
             del sub.sessions[session.consumer]
-            log.info("consumer hub: %s %s: consumer %s unregistered", state, sub.name, session)
+            log.info(
+                "consumer hub: %s %s: consumer %s unregistered",
+                state,
+                sub.name,
+                session.consumer,
+                extra=_fields("consumer.unregistered", state, sub, session.consumer),
+            )
             now = self._clock()
             self._event(state, sub, lambda c: c.unregister(session.consumer, now))
         session.finish(None, CloseCode.NORMAL, "unregistered")
@@ -557,6 +637,7 @@ class ConsumerHub:
                 sub.name,
                 session.consumer,
                 sub.coordinator.grace_period,
+                extra=_fields("consumer.disconnected", state, sub, session.consumer),
             )
             now = self._clock()
             self._event(state, sub, lambda c: c.disconnect(session.consumer, now))
@@ -590,6 +671,7 @@ class ConsumerHub:
                     state,
                     name,
                     exc,
+                    extra=_fields("subscription.status_unusable", state, subscription=name),
                 )
         sealed = [i for i, s in state.layout.segments.items() if not s.active]
         return SubscriptionCoordinator(
@@ -603,6 +685,7 @@ class ConsumerHub:
             sub.name,
             strategy,
             state.grace_period,
+            extra=_fields("subscription.reconfigured", state, sub, strategy=strategy),
         )
         before = set(sub.coordinator.sessions())
         sub.coordinator = SubscriptionCoordinator.from_status(
@@ -640,9 +723,16 @@ class ConsumerHub:
                 state,
                 sub.name,
                 ", ".join(result.expired),
+                extra=_fields("consumer.expired", state, sub, consumers=list(result.expired)),
             )
         if result.moved:
-            log.info("consumer hub: %s %s: moved segments %s", state, sub.name, list(result.moved))
+            log.info(
+                "consumer hub: %s %s: moved segments %s",
+                state,
+                sub.name,
+                list(result.moved),
+                extra=_fields("assignment.moved", state, sub, segments=list(result.moved)),
+            )
         if result.persist is not None:
             self._persist(state, sub, result.persist.status)
         after = set(sub.coordinator.sessions())
@@ -727,7 +817,13 @@ class ConsumerHub:
         sub.persist_pending = None
 
     def _drop_subscription(self, state: _Topic, sub: _Subscription, why: str) -> None:
-        log.info("consumer hub: %s: subscription %s %s", state, sub.name, why)
+        log.info(
+            "consumer hub: %s: subscription %s %s",
+            state,
+            sub.name,
+            why,
+            extra=_fields("subscription.dropped", state, sub),
+        )
         self._stop_subscription(sub)
         for session in sub.sessions.values():
             session.finish(
@@ -742,11 +838,12 @@ class ConsumerHub:
 
     def _redirect(self, session: ConsumerSession, reason: str) -> None:
         url = None
-        routing = self._routing
-        if routing is not None and not routing.leads(session.namespace, session.topic):
-            leader = routing.leader_url(session.namespace, session.topic)
+        if self._routing is not None:
+            leader = leader_elsewhere(
+                self._routing, self._own_url, session.namespace, session.topic
+            )
             if leader:
-                url = leader.rstrip("/") + consumers_path(session.namespace, session.topic)
+                url = leader + consumers_path(session.namespace, session.topic)
         session.finish(
             RedirectMessage(url=url, retry_after=_RETRY_AFTER, reason=reason),
             CloseCode.MOVED if url else CloseCode.UNAVAILABLE,
