@@ -1,0 +1,100 @@
+"""Shared fixtures for integration tests: the embedded control plane and a kubectl runner.
+
+``local_cluster`` runs the API server on the test's own event loop. Anything synchronous that
+talks to it (the ``kubernetes`` client, ``subprocess.run``) must therefore run off the loop —
+``await asyncio.to_thread(...)`` — or the server cannot answer. :func:`run_kubectl` does that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scalable_topics.localcluster.cluster import LocalCluster
+
+KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
+
+
+@dataclass
+class KubectlResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+async def run_kubectl(
+    cluster: LocalCluster,
+    *args: str,
+    input: str | None = None,
+    check: bool = True,
+    within: float = 60,
+) -> KubectlResult:
+    """Run ``kubectl --kubeconfig <cluster>`` without blocking the loop the server runs on."""
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "KUBECACHEDIR": str(cluster.data_dir / "kubectl-cache"),
+        "HOME": str(cluster.data_dir),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        KUBECTL,
+        *args,
+        stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    out, err = await asyncio.wait_for(
+        proc.communicate(input.encode() if input is not None else None), within
+    )
+    result = KubectlResult(proc.returncode or 0, out.decode(), err.decode())
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"kubectl {' '.join(args)} failed ({result.returncode}):\n"
+            f"{result.stdout}\n{result.stderr}"
+        )
+    return result
+
+
+async def eventually(
+    predicate: Callable[[], Awaitable[bool] | bool], within: float = 30.0, interval: float = 0.05
+) -> None:
+    """Await ``predicate`` until it is true, failing after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        value = predicate()
+        if not isinstance(value, bool):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {within}s")
+        await asyncio.sleep(interval)
+
+
+@pytest.fixture
+async def local_cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    """An API server without a kubelet, on an ephemeral port, state under ``tmp_path``."""
+    async with LocalCluster(tmp_path / "cluster", api_port=0, kubelet=False) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def kubectl(local_cluster: LocalCluster) -> Callable[..., Awaitable[KubectlResult]]:
+    """``await kubectl("get", "pods", "-o", "json")`` against ``local_cluster``."""
+
+    async def run(*args: str, input: str | None = None, check: bool = True) -> KubectlResult:
+        return await run_kubectl(local_cluster, *args, input=input, check=check)
+
+    return run
