@@ -1,0 +1,35 @@
+"""The Python client SDK of Scalable Topics (see docs/client.md).
+
+High level (asyncio): :class:`ScalableTopicProducer`, :class:`StreamConsumer`,
+:class:`CheckpointConsumer`, :class:`QueueConsumer`; blocking: :class:`SyncProducer`,
+:class:`SyncConsumer`. The low-level per-segment client is :mod:`scalable_topics.client.segment`.
+"""
+
+from .consumers import (
+    CheckpointConsumer,
+    ConsumerClosedError,
+    ConsumerError,
+    QueueConsumer,
+    StreamConsumer,
+)
+from .dag import DagWatcher, TopicNotFoundError
+from .model import Checkpoint, Message, MessageId
+from .producer import ProducerClosedError, ScalableTopicProducer
+from .sync import SyncConsumer, SyncProducer
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointConsumer",
+    "ConsumerClosedError",
+    "ConsumerError",
+    "DagWatcher",
+    "Message",
+    "MessageId",
+    "ProducerClosedError",
+    "QueueConsumer",
+    "ScalableTopicProducer",
+    "StreamConsumer",
+    "SyncConsumer",
+    "SyncProducer",
+    "TopicNotFoundError",
+]

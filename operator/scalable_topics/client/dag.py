@@ -1,0 +1,233 @@
+"""DAG watch session client (DESIGN §6, ``core.sessions``): keeps a topic's latest DAG.
+
+The operator pushes the whole DAG on connect and on every change (latest wins). A
+:class:`DagWatcher` holds the newest message, reconnects with backoff when the session drops
+(any replica serves DAG watches; redirects are followed), and never goes backwards: a message
+with a lower epoch than the one held is ignored, so a reconnect to a replica whose cache lags
+cannot undo what the client already knows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+
+import aiohttp
+
+from scalable_topics.core.sessions import (
+    CloseCode,
+    DagMessage,
+    ErrorCode,
+    ErrorMessage,
+    SessionProtocolError,
+    dag_path,
+    parse_server_message,
+)
+
+__all__ = ["Backoff", "DagWatcher", "TopicNotFoundError", "http_url", "ws_url"]
+
+log = logging.getLogger("scalable_topics.client.dag")
+
+
+class TopicNotFoundError(Exception):
+    """The operator does not know the topic (or it was deleted)."""
+
+
+def ws_url(url: str) -> str:
+    url = url.rstrip("/")
+    if url.startswith("http://"):
+        return "ws://" + url[len("http://") :]
+    if url.startswith("https://"):
+        return "wss://" + url[len("https://") :]
+    return url
+
+
+def http_url(url: str) -> str:
+    url = url.rstrip("/")
+    if url.startswith("ws://"):
+        return "http://" + url[len("ws://") :]
+    if url.startswith("wss://"):
+        return "https://" + url[len("wss://") :]
+    return url
+
+
+class Backoff:
+    """Exponential backoff with full jitter, reset after a success."""
+
+    def __init__(self, initial: float = 0.05, maximum: float = 5.0) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self._next = initial
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+    def delay(self) -> float:
+        value = random.uniform(self._next / 2, self._next)
+        self._next = min(self._next * 2, self.maximum)
+        return value
+
+    async def sleep(self) -> None:
+        await asyncio.sleep(self.delay())
+
+
+Listener = Callable[[DagMessage], None]
+
+
+class DagWatcher:
+    """Follows one topic's DAG watch session.
+
+    ``await watcher.start()`` returns once the first DAG is known (or raises
+    :class:`TopicNotFoundError`); afterwards :attr:`dag` is always the newest DAG and
+    listeners added with :meth:`add_listener` are called (synchronously, on the event loop)
+    with every newer one.
+    """
+
+    def __init__(
+        self,
+        service_url: str,
+        namespace: str,
+        topic: str,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        heartbeat: float = 20.0,
+    ) -> None:
+        self.service_url = http_url(service_url)
+        self.namespace = namespace
+        self.topic = topic
+        self._own_session = session is None
+        self._session = session
+        self._heartbeat = heartbeat
+        self._dag: DagMessage | None = None
+        self._listeners: list[Listener] = []
+        self._changed = asyncio.Event()
+        self._first = asyncio.Event()
+        self._fatal: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.connected = False
+        self.sessions_opened = 0
+
+    @property
+    def dag(self) -> DagMessage:
+        if self._dag is None:
+            raise RuntimeError("the DAG watcher has not received a DAG yet (call start())")
+        return self._dag
+
+    @property
+    def epoch(self) -> int:
+        return -1 if self._dag is None else self._dag.epoch
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
+
+    async def start(self, within: float = 30.0) -> DagMessage:
+        if self._task is None:
+            if self._session is None:
+                self._session = aiohttp.ClientSession()
+            self._task = asyncio.create_task(self._run(), name=f"dag-watch-{self.topic}")
+        async with asyncio.timeout(within):
+            await self._first.wait()
+        if self._fatal is not None:
+            raise self._fatal
+        return self.dag
+
+    async def wait_for(
+        self, predicate: Callable[[DagMessage], bool], within: float | None = None
+    ) -> DagMessage:
+        """The first DAG (current or later) for which ``predicate`` holds."""
+        async with asyncio.timeout(within):
+            while True:
+                if self._fatal is not None:
+                    raise self._fatal
+                if self._dag is not None and predicate(self._dag):
+                    return self._dag
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def wait_update(self, within: float | None = None) -> None:
+        """Wait for the next accepted message (a new epoch or new placement)."""
+        self._changed.clear()
+        async with asyncio.timeout(within):
+            await self._changed.wait()
+
+    def _accept(self, dag: DagMessage) -> None:
+        current = self._dag
+        if current is not None and dag.epoch < current.epoch:
+            log.debug("ignoring DAG epoch %d (have %d)", dag.epoch, current.epoch)
+            return
+        if current == dag:
+            return
+        self._dag = dag
+        self._first.set()
+        self._changed.set()
+        for listener in list(self._listeners):
+            try:
+                listener(dag)
+            except Exception:
+                log.exception("DAG listener failed")
+
+    async def _run(self) -> None:
+        backoff = Backoff()
+        url = ws_url(self.service_url) + dag_path(self.namespace, self.topic)
+        assert self._session is not None
+        while not self._closed:
+            try:
+                async with self._session.ws_connect(
+                    url, heartbeat=self._heartbeat, max_msg_size=64 << 20
+                ) as ws:
+                    self.connected = True
+                    self.sessions_opened += 1
+                    async for frame in ws:
+                        if frame.type is not aiohttp.WSMsgType.TEXT:
+                            break
+                        message = parse_server_message(frame.data)
+                        if isinstance(message, DagMessage):
+                            self._accept(message)
+                            backoff.reset()
+                        elif (
+                            isinstance(message, ErrorMessage)
+                            and message.fatal
+                            and message.code == ErrorCode.UNKNOWN_TOPIC
+                        ):
+                            raise TopicNotFoundError(message.message)
+                    if ws.close_code == CloseCode.UNKNOWN_TOPIC:
+                        raise TopicNotFoundError(f"topic {self.namespace}/{self.topic} not found")
+            except TopicNotFoundError as exc:
+                self.connected = False
+                if self._dag is None:
+                    self._fatal = exc
+                    self._first.set()
+                    self._changed.set()
+                    return
+                log.warning("DAG watch: %s; retrying", exc)
+            except (aiohttp.ClientError, OSError, SessionProtocolError, TimeoutError) as exc:
+                log.debug("DAG watch of %s/%s dropped: %s", self.namespace, self.topic, exc)
+            finally:
+                self.connected = False
+            if self._closed:
+                return
+            await backoff.sleep()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._own_session and self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> DagWatcher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,129 @@
+"""Values the SDK hands to applications: message ids, received messages, checkpoints. Pure."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CHECKPOINT_VERSION", "Checkpoint", "Message", "MessageId"]
+
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class MessageId:
+    """Where a message is stored: its segment, its entry's position, its index in the entry."""
+
+    segment_id: int
+    position: int
+    batch_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A received message.
+
+    ``key`` is the producer's key decoded as UTF-8 (undecodable bytes are kept as surrogate
+    escapes, so :attr:`key_bytes` gives back the exact bytes). ``position`` is the position of
+    the entry (the broker's batch) in the segment and ``batch_index`` the message's index in it.
+    """
+
+    key: str | None
+    value: bytes
+    segment_id: int
+    position: int
+    batch_index: int = 0
+    batch_size: int = 1
+    properties: Mapping[str, str] = field(default_factory=dict)
+    event_time_ms: int | None = None
+    publish_time_ms: int = 0
+    producer_name: str = ""
+    redelivery_count: int = 0
+
+    @property
+    def key_bytes(self) -> bytes | None:
+        return None if self.key is None else self.key.encode("utf-8", "surrogateescape")
+
+    @property
+    def message_id(self) -> MessageId:
+        return MessageId(self.segment_id, self.position, self.batch_index)
+
+    @property
+    def last_in_entry(self) -> bool:
+        return self.batch_index == self.batch_size - 1
+
+
+def decode_key(key: bytes | None) -> str | None:
+    return None if key is None else key.decode("utf-8", "surrogateescape")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """How far a :class:`~scalable_topics.client.consumers.CheckpointConsumer` got.
+
+    ``positions`` maps a segment id to the id of the last message processed in it (entry
+    position, index in the entry); ``drained`` lists the sealed segments consumed completely.
+    JSON form (:meth:`dumps`)::
+
+        {"version": 1, "namespace": "ns", "topic": "orders", "subscription": "etl",
+         "positions": {"3": {"position": 41, "batchIndex": 9}}, "drained": [0, 1]}
+    """
+
+    namespace: str
+    topic: str
+    subscription: str
+    positions: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    drained: frozenset[int] = frozenset()
+
+    def covers(self, segment_id: int, position: int, batch_index: int) -> bool:
+        """Whether the message was processed before this checkpoint was taken."""
+        if segment_id in self.drained:
+            return True
+        last = self.positions.get(segment_id)
+        return last is not None and (position, batch_index) <= last
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": CHECKPOINT_VERSION,
+            "namespace": self.namespace,
+            "topic": self.topic,
+            "subscription": self.subscription,
+            "positions": {
+                str(s): {"position": p, "batchIndex": i}
+                for s, (p, i) in sorted(self.positions.items())
+            },
+            "drained": sorted(self.drained),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Checkpoint:
+        if not isinstance(data, Mapping):
+            raise ValueError("a checkpoint is a JSON object")
+        if data.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"unsupported checkpoint version {data.get('version')!r}")
+        try:
+            raw = data.get("positions") or {}
+            positions = {
+                int(s): (int(v["position"]), int(v.get("batchIndex", 0))) for s, v in raw.items()
+            }
+            drained = frozenset(int(s) for s in data.get("drained") or ())
+            namespace, topic = str(data["namespace"]), str(data["topic"])
+            subscription = str(data["subscription"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"malformed checkpoint: {exc!r}") from None
+        if any(s < 0 or p < -1 or i < 0 for s, (p, i) in positions.items()):
+            raise ValueError("malformed checkpoint: negative segment id, position or index")
+        return cls(namespace, topic, subscription, positions, drained)
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> Checkpoint:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"malformed checkpoint: {exc}") from None
+        return cls.from_json(data)

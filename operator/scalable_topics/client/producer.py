@@ -1,0 +1,597 @@
+"""The key-routing producer of a scalable topic (DESIGN §1, §3, §5; PIP-460/PIP-486).
+
+``ScalableTopicProducer`` follows the topic's DAG watch session and keeps one
+:class:`~scalable_topics.client.segment.SegmentProducer` connection per segment it writes to:
+
+* a keyed message goes to the segment whose range holds ``segment_hash(key)``; unkeyed messages
+  go round-robin over the active segments;
+* messages are batched per segment and cut into entries per entry bucket (each entry holds one
+  bucket's keys, the codec stamps its ``hashB`` min/max), bounded by ``batch_max_messages``,
+  ``batch_max_bytes`` and ``linger_ms``;
+* ``send`` resolves once the broker acknowledged the entry as durable, to a :class:`MessageId`;
+* sequence ids are per segment and producer name, kept across reconnects: after a broker
+  restart the unacknowledged entries are resent byte for byte and the broker answers the ones
+  it already stored as duplicates;
+* on ``SEALED`` the unacknowledged messages, and everything queued behind them, are re-routed to
+  the successors named in the frame, at once and in order (see :mod:`.routing` for why a key
+  can never overtake itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+
+import aiohttp
+
+from scalable_topics.core import wire
+from scalable_topics.core.hashing import key_hash
+from scalable_topics.core.sessions import DagMessage
+
+from .dag import Backoff, DagWatcher
+from .model import MessageId
+from .routing import RoutingTable, SuccessorInfo, plan_entries
+from .segment import (
+    ConnectionClosedError,
+    EntryAck,
+    EntryRejectedError,
+    ProtocolError,
+    SegmentError,
+    SegmentNotFoundError,
+    SegmentProducer,
+    SegmentSealedError,
+    UnackedEntry,
+)
+
+__all__ = ["MessageId", "ProducerClosedError", "ScalableTopicProducer"]
+
+log = logging.getLogger("scalable_topics.client.producer")
+
+
+class ProducerClosedError(Exception):
+    """The producer was closed before the message was acknowledged."""
+
+
+class _Out:
+    """One message on its way to a broker."""
+
+    __slots__ = ("future", "hash32", "key", "properties", "size", "timestamp_ms", "value")
+
+    def __init__(
+        self,
+        value: bytes,
+        key: bytes | None,
+        timestamp_ms: int | None,
+        properties: Mapping[str, str] | None,
+        future: asyncio.Future[MessageId],
+    ) -> None:
+        self.value = value
+        self.key = key
+        self.timestamp_ms = timestamp_ms
+        self.properties = properties
+        self.future = future
+        self.hash32: int | None = None if key is None else key_hash(key)
+        self.size = len(value) + (len(key) if key is not None else 0) + 7
+
+    def bucket_hash(self) -> int | None:
+        return None if self.hash32 is None else self.hash32 & 0xFFFF
+
+    def message(self) -> wire.Message:
+        return wire.Message(
+            value=self.value,
+            key=self.key,
+            timestamp_ms=self.timestamp_ms,
+            properties=self.properties or {},
+        )
+
+
+class _Entry:
+    __slots__ = ("data", "finished", "future", "messages", "seq")
+
+    def __init__(self, messages: list[_Out]) -> None:
+        self.messages = messages
+        self.finished = False
+        self.seq: int | None = None
+        self.data: bytes | None = None
+        self.future: asyncio.Future[EntryAck] | None = None
+
+
+class _Link:
+    """The producer's side of one segment: a batch buffer, entries waiting to be sent, entries
+    in flight, and the task that keeps a connection to the segment's broker."""
+
+    def __init__(self, segment_id: int) -> None:
+        self.segment_id = segment_id
+        self.buffer: list[_Out] = []
+        self.buffer_bytes = 0
+        self.linger: asyncio.TimerHandle | None = None
+        self.outbox: deque[_Entry] = deque()
+        self.inflight: deque[_Entry] = deque()
+        self.pending = 0
+        self.producer: SegmentProducer | None = None
+        self.buckets: int | None = None
+        self.next_seq = 0
+        self.stored_seq = -1
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.retired = False
+        self.connects = 0
+
+    def messages_in_order(self) -> list[_Out]:
+        out: list[_Out] = []
+        for entry in self.inflight:
+            out.extend(entry.messages)
+        for entry in self.outbox:
+            out.extend(entry.messages)
+        out.extend(self.buffer)
+        return out
+
+
+class ScalableTopicProducer:
+    """Produces to a scalable topic; use as ``async with`` or call :meth:`start`/:meth:`close`.
+
+    ``service_url`` is the operator's URL (any replica serves the DAG watch). ``name`` is the
+    producer name the brokers deduplicate on: give a stable one to keep deduplication across
+    process restarts; by default a unique one is generated.
+    """
+
+    def __init__(
+        self,
+        service_url: str,
+        namespace: str,
+        topic: str,
+        *,
+        name: str | None = None,
+        batch_max_messages: int = 1000,
+        batch_max_bytes: int = 256 * 1024,
+        linger_ms: float = 1.0,
+        max_pending: int = 10_000,
+        max_inflight_bytes: int | None = None,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        if batch_max_messages < 1 or batch_max_bytes < 1 or max_pending < 1 or linger_ms < 0:
+            raise ValueError("batch limits and max_pending must be positive, linger_ms >= 0")
+        self.namespace = namespace
+        self.topic = topic
+        self.name = name or f"{topic}-{uuid.uuid4().hex[:12]}"
+        if not 0 < len(self.name.encode("utf-8")) <= wire.MAX_PRODUCER_NAME:
+            raise ValueError("producer name must be 1..255 bytes of UTF-8")
+        self.batch_max_messages = batch_max_messages
+        self.batch_max_bytes = batch_max_bytes
+        self.linger = linger_ms / 1000.0
+        self.max_pending = max_pending
+        self.max_inflight_bytes = max_inflight_bytes
+        self._own_session = session is None
+        self._session = session
+        self._watcher = DagWatcher(service_url, namespace, topic, session=session)
+        self._table = RoutingTable()
+        self._links: dict[int, _Link] = {}
+        self._parked: list[_Out] = []
+        self._pending = 0
+        self._space = asyncio.Event()
+        self._space.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._round_robin = 0
+        self._closed = False
+        self._started = False
+        self.resent_entries = 0
+        """Entries sent again on a new connection after one was lost without a verdict."""
+        self.connections = 0
+        """Segment connections opened so far (reconnects included)."""
+        self.reroutes = 0
+        """How many times a sealed segment's messages were re-routed (for tests and metrics)."""
+
+    # -- life cycle -------------------------------------------------------------------------------
+
+    async def start(self) -> ScalableTopicProducer:
+        if self._started:
+            return self
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+            self._watcher = DagWatcher(
+                self._watcher.service_url, self.namespace, self.topic, session=self._session
+            )
+        dag = await self._watcher.start()
+        self._table.update_dag(dag)
+        self._watcher.add_listener(self._on_dag)
+        self._started = True
+        return self
+
+    async def __aenter__(self) -> ScalableTopicProducer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def dag(self) -> DagMessage:
+        return self._watcher.dag
+
+    @property
+    def pending(self) -> int:
+        """Messages sent and not acknowledged yet."""
+        return self._pending
+
+    # -- sending ----------------------------------------------------------------------------------
+
+    async def send(
+        self,
+        value: bytes,
+        key: str | bytes | None = None,
+        *,
+        timestamp_ms: int | None = None,
+        properties: Mapping[str, str] | None = None,
+    ) -> MessageId:
+        """Send one message and wait until it is durable; returns where it is stored."""
+        future = await self.send_async(value, key, timestamp_ms=timestamp_ms, properties=properties)
+        return await future
+
+    async def send_async(
+        self,
+        value: bytes,
+        key: str | bytes | None = None,
+        *,
+        timestamp_ms: int | None = None,
+        properties: Mapping[str, str] | None = None,
+    ) -> asyncio.Future[MessageId]:
+        """Queue one message (waiting only while ``max_pending`` messages are unacknowledged);
+        the returned future resolves once it is durable. Messages of one key are stored in the
+        order of the ``send_async`` calls."""
+        if not self._started:
+            raise RuntimeError("the producer is not started (use 'async with' or start())")
+        while not self._space.is_set():
+            if self._closed:
+                raise ProducerClosedError("producer closed")
+            await self._space.wait()
+        if self._closed:
+            raise ProducerClosedError("producer closed")
+        kb = key.encode("utf-8") if isinstance(key, str) else key
+        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        out = _Out(bytes(value), kb, timestamp_ms, properties, future)
+        self._pending += 1
+        self._idle.clear()
+        if self._pending >= self.max_pending:
+            self._space.clear()
+        self._enqueue(out)
+        return future
+
+    async def flush(self) -> None:
+        """Send every batch now and wait until everything sent so far is acknowledged."""
+        for link in list(self._links.values()):
+            self._flush(link)
+        await self._idle.wait()
+
+    def _enqueue(self, out: _Out) -> _Link | None:
+        """Route one message into its segment's batch (``None``: parked until the DAG moves)."""
+        if out.hash32 is None:
+            targets = self._table.segment_ids()
+            if not targets:
+                self._parked.append(out)
+                return None
+            self._round_robin = (self._round_robin + 1) % len(targets)
+            segment_id = targets[self._round_robin]
+        else:
+            segment_id = self._table.route(out.hash32 >> 16).segment_id
+        link = self._links.get(segment_id)
+        if link is None:
+            link = self._open_link(segment_id)
+        link.buffer.append(out)
+        link.buffer_bytes += out.size
+        link.pending += 1
+        if len(link.buffer) >= self.batch_max_messages or link.buffer_bytes >= self.batch_max_bytes:
+            self._flush(link)
+        elif link.linger is None:
+            if self.linger > 0:
+                link.linger = asyncio.get_running_loop().call_later(self.linger, self._flush, link)
+            else:
+                self._flush(link)
+        return link
+
+    def _open_link(self, segment_id: int) -> _Link:
+        link = _Link(segment_id)
+        link.buckets = self._table.buckets(segment_id)
+        self._links[segment_id] = link
+        link.task = asyncio.create_task(self._run_link(link), name=f"produce-{segment_id}")
+        return link
+
+    def _flush(self, link: _Link) -> None:
+        if link.linger is not None:
+            link.linger.cancel()
+            link.linger = None
+        if not link.buffer or link.buckets is None:
+            link.wake.set()
+            return
+        entries = plan_entries(
+            link.buffer,
+            bucket_hash_of=_Out.bucket_hash,
+            size_of=lambda o: o.size,
+            buckets=link.buckets,
+            max_messages=self.batch_max_messages,
+            max_bytes=self.batch_max_bytes,
+        )
+        link.buffer = []
+        link.buffer_bytes = 0
+        link.outbox.extend(_Entry(e) for e in entries)
+        link.wake.set()
+
+    # -- one segment's connection -----------------------------------------------------------------
+
+    async def _run_link(self, link: _Link) -> None:
+        backoff = Backoff(0.02, 2.0)
+        assert self._session is not None
+        while not self._closed and not link.retired:
+            url = self._table.broker_url(link.segment_id)
+            if url is None:
+                await self._wait_dag(2.0)
+                continue
+            try:
+                producer = await SegmentProducer.connect(
+                    url,
+                    self.namespace,
+                    self.topic,
+                    link.segment_id,
+                    self.name,
+                    session=self._session,
+                    linger_ms=0,
+                    max_inflight_bytes=self.max_inflight_bytes,
+                )
+            except SegmentNotFoundError:
+                log.debug("segment %d not on %s yet; waiting for the DAG", link.segment_id, url)
+                await self._wait_dag(backoff.delay())
+                continue
+            except (aiohttp.ClientError, OSError, ConnectionClosedError, TimeoutError) as exc:
+                log.debug("segment %d: connect to %s failed: %s", link.segment_id, url, exc)
+                await backoff.sleep()
+                continue
+            except ProtocolError as exc:
+                log.warning("segment %d: broker refused the connection: %s", link.segment_id, exc)
+                await backoff.sleep()
+                continue
+            link.connects += 1
+            self.connections += 1
+            link.producer = producer
+            link.buckets = producer.buckets
+            link.stored_seq = producer.last_sequence_id
+            link.next_seq = max(link.next_seq, producer.last_sequence_id + 1)
+            try:
+                failure = await self._pump(link, producer)
+            finally:
+                link.producer = None
+            if isinstance(failure, SegmentSealedError):
+                self._reroute(link, failure)
+                await producer.close()
+                return
+            # The connection is gone without a verdict: resend what is unacknowledged, with
+            # the same sequence ids, on the next connection (the broker deduplicates).
+            unacked: list[_Entry] = []
+            for entry in link.inflight:
+                future = entry.future
+                if entry.finished:
+                    continue
+                if future is not None and future.done() and future.exception() is None:
+                    self._finish(link, entry, ack=future.result())
+                else:
+                    unacked.append(entry)
+            link.outbox.extendleft(reversed(unacked))
+            self.resent_entries += len(unacked)
+            link.inflight.clear()
+            with contextlib.suppress(Exception):
+                await producer.close()
+            if self._closed:
+                return
+            if failure is not None:
+                log.info("segment %d: connection lost (%s); reconnecting", link.segment_id, failure)
+                backoff.reset()
+                await backoff.sleep()
+
+    async def _wait_dag(self, within: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await self._watcher.wait_update(within)
+
+    async def _pump(self, link: _Link, producer: SegmentProducer) -> SegmentError | None:
+        watch = asyncio.create_task(producer.wait_failed())
+        watch.add_done_callback(lambda _: link.wake.set())
+        try:
+            self._flush(link)
+            while not self._closed and producer.failure is None:
+                if not link.outbox:
+                    link.wake.clear()
+                    if link.buffer and link.linger is None:
+                        self._flush(link)
+                        continue
+                    await link.wake.wait()
+                    continue
+                entry = link.outbox[0]
+                if entry.seq is None:
+                    entry.seq = link.next_seq
+                    link.next_seq += 1
+                    entry.data = wire.encode_entry(
+                        self.name,
+                        entry.seq,
+                        [m.message() for m in entry.messages],
+                        publish_time_ms=int(time.time() * 1000),
+                    )
+                assert entry.data is not None
+                try:
+                    (future,) = await producer.resend([UnackedEntry(entry.seq, entry.data)])
+                except SegmentError:
+                    break
+                link.outbox.popleft()
+                entry.future = future
+                link.inflight.append(entry)
+                future.add_done_callback(functools.partial(self._on_ack, link, entry))
+        finally:
+            watch.cancel()
+        return producer.failure
+
+    def _on_ack(self, link: _Link, entry: _Entry, future: asyncio.Future[EntryAck]) -> None:
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is not None and not isinstance(error, EntryRejectedError):
+            return  # the connection failed: the link's task re-sends or re-routes the entry
+        with contextlib.suppress(ValueError):
+            if link.inflight and link.inflight[0] is entry:
+                link.inflight.popleft()
+            else:
+                link.inflight.remove(entry)
+        if error is not None:
+            self._finish(link, entry, error=error)
+        else:
+            self._finish(link, entry, ack=future.result())
+
+    def _finish(
+        self,
+        link: _Link,
+        entry: _Entry,
+        *,
+        ack: EntryAck | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        if entry.finished:
+            return
+        entry.finished = True
+        for index, out in enumerate(entry.messages):
+            if out.future.done():
+                continue
+            if error is not None:
+                out.future.set_exception(error)
+            else:
+                assert ack is not None
+                out.future.set_result(MessageId(link.segment_id, ack.position, index))
+        self._release(link, len(entry.messages))
+
+    def _release(self, link: _Link | None, count: int) -> None:
+        if link is not None:
+            link.pending -= count
+        self._pending -= count
+        if self._pending < self.max_pending:
+            self._space.set()
+        if self._pending <= 0:
+            self._idle.set()
+
+    # -- seals, DAG changes -----------------------------------------------------------------------
+
+    def _reroute(self, link: _Link, sealed: SegmentSealedError) -> None:
+        """Move everything the sealed segment did not store to its successors, in order."""
+        link.retired = True
+        if link.linger is not None:
+            link.linger.cancel()
+            link.linger = None
+        messages: list[_Out] = []
+        for entry in link.inflight:
+            future = entry.future
+            if entry.finished:
+                continue
+            if future is not None and future.done() and not future.exception():
+                self._finish(link, entry, ack=future.result())
+            elif entry.seq is not None and entry.seq <= link.stored_seq:
+                # Stored by a connection that died before acknowledging it (the broker's
+                # HELLO_OK said so); its position is unknown.
+                self._finish(link, entry, ack=EntryAck(entry.seq, -1, True))
+            else:
+                messages.extend(entry.messages)
+        for entry in link.outbox:
+            if entry.seq is not None and entry.seq <= link.stored_seq:
+                self._finish(link, entry, ack=EntryAck(entry.seq, -1, True))
+            else:
+                messages.extend(entry.messages)
+        messages.extend(link.buffer)
+        link.inflight.clear()
+        link.outbox.clear()
+        link.buffer = []
+        link.pending = 0
+        if self._links.get(link.segment_id) is link:
+            del self._links[link.segment_id]
+        successors = [
+            SuccessorInfo(s.segment_id, s.start, s.end, s.broker_url) for s in sealed.successors
+        ]
+        self._table.seal(link.segment_id, successors)
+        self.reroutes += 1
+        # Connect to every successor now, not when its first message comes: the connection
+        # handshake is most of a key's blocked window.
+        for successor in successors:
+            if successor.segment_id not in self._links:
+                self._open_link(successor.segment_id)
+        log.info(
+            "segment %d sealed: re-routing %d messages to %s",
+            link.segment_id,
+            len(messages),
+            [s.segment_id for s in successors],
+        )
+        touched: dict[int, _Link] = {}
+        for out in messages:
+            if self._routes_to_sealed(out):
+                self._parked.append(out)
+                continue
+            target = self._enqueue(out)
+            if target is not None:
+                touched[target.segment_id] = target
+        for target in touched.values():
+            self._flush(target)
+
+    def _routes_to_sealed(self, out: _Out) -> bool:
+        if out.hash32 is None:
+            return not self._table.segment_ids()
+        segment_id = self._table.route(out.hash32 >> 16).segment_id
+        link = self._links.get(segment_id)
+        return (link is None or link.retired) and self._table.is_sealed(segment_id)
+
+    def _on_dag(self, dag: DagMessage) -> None:
+        self._table.update_dag(dag, busy=lambda i: i in self._links and self._links[i].pending > 0)
+        for link in self._links.values():
+            link.wake.set()
+        if self._parked:
+            parked, self._parked = self._parked, []
+            for out in parked:
+                if self._routes_to_sealed(out):
+                    self._parked.append(out)
+                else:
+                    self._enqueue(out)
+
+    # -- closing ----------------------------------------------------------------------------------
+
+    async def close(self, within: float = 30.0) -> None:
+        """Flush (waiting up to ``within`` seconds for acknowledgements), then disconnect.
+        Messages still unacknowledged then fail with :class:`ProducerClosedError`."""
+        if self._closed:
+            return
+        if self._started:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(within):
+                    await self.flush()
+        self._closed = True
+        self._space.set()
+        tasks = []
+        for link in list(self._links.values()):
+            if link.linger is not None:
+                link.linger.cancel()
+            link.wake.set()
+            if link.producer is not None:
+                with contextlib.suppress(Exception):
+                    await link.producer.close()
+            if link.task is not None:
+                link.task.cancel()
+                tasks.append(link.task)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        error = ProducerClosedError("producer closed before the message was acknowledged")
+        for link in self._links.values():
+            for out in link.messages_in_order():
+                if not out.future.done():
+                    out.future.set_exception(error)
+                    out.future.exception()
+        for out in self._parked:
+            if not out.future.done():
+                out.future.set_exception(error)
+                out.future.exception()
+        self._links.clear()
+        await self._watcher.close()
+        if self._own_session and self._session is not None:
+            await self._session.close()

@@ -1,0 +1,193 @@
+"""Blocking wrappers for scripts: the asyncio SDK on an event loop in a background thread.
+
+::
+
+    with SyncProducer("http://operator:8080", "default", "orders") as producer:
+        producer.send(b"paid", key="order-7")
+
+    with SyncConsumer.for_stream("http://operator:8080", "default", "orders", "billing", "w1") as c:
+        msg = c.receive(timeout=10)
+        c.ack(msg)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from .consumers import CheckpointConsumer, QueueConsumer, StreamConsumer
+from .model import Checkpoint, Message, MessageId
+from .producer import ScalableTopicProducer
+
+__all__ = ["SyncConsumer", "SyncProducer"]
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An event loop running in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+class SyncProducer:
+    """:class:`ScalableTopicProducer` with blocking calls (same arguments)."""
+
+    def __init__(self, service_url: str, namespace: str, topic: str, **options: Any) -> None:
+        self._thread = _LoopThread()
+
+        async def make() -> ScalableTopicProducer:
+            return await ScalableTopicProducer(service_url, namespace, topic, **options).start()
+
+        try:
+            self._producer = self._thread.run(make(), timeout=60)
+        except BaseException:
+            self._thread.stop()
+            raise
+
+    @property
+    def name(self) -> str:
+        return self._producer.name
+
+    def send(
+        self,
+        value: bytes,
+        key: str | bytes | None = None,
+        *,
+        timestamp_ms: int | None = None,
+        properties: Mapping[str, str] | None = None,
+        timeout: float | None = 60.0,
+    ) -> MessageId:
+        """Send and wait until the message is durable."""
+        return self._thread.run(
+            self._producer.send(value, key, timestamp_ms=timestamp_ms, properties=properties),
+            timeout,
+        )
+
+    def send_async(
+        self, value: bytes, key: str | bytes | None = None, **kwargs: Any
+    ) -> Future[MessageId]:
+        """Queue a message; the returned ``concurrent.futures.Future`` completes when durable.
+        Calls from one thread keep their order."""
+
+        async def queue() -> MessageId:
+            return await self._producer.send(value, key, **kwargs)
+
+        return self._thread.submit(queue())
+
+    def flush(self, timeout: float | None = 60.0) -> None:
+        self._thread.run(self._producer.flush(), timeout)
+
+    def close(self) -> None:
+        try:
+            self._thread.run(self._producer.close(), timeout=60)
+        finally:
+            self._thread.stop()
+
+    def __enter__(self) -> SyncProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_AnyConsumer = StreamConsumer | CheckpointConsumer | QueueConsumer
+
+
+class SyncConsumer:
+    """Blocking ``receive``/``ack`` over a stream, checkpoint or queue consumer; build one with
+    :meth:`for_stream`, :meth:`for_checkpoint` or :meth:`for_queue`."""
+
+    def __init__(self, factory: Callable[[], _AnyConsumer], start_timeout: float = 60.0) -> None:
+        self._thread = _LoopThread()
+
+        async def make() -> _AnyConsumer:
+            consumer = factory()
+            await consumer.start()
+            return consumer
+
+        try:
+            self._consumer = self._thread.run(make(), timeout=start_timeout)
+        except BaseException:
+            self._thread.stop()
+            raise
+
+    @classmethod
+    def for_stream(cls, *args: Any, **kwargs: Any) -> SyncConsumer:
+        return cls(lambda: StreamConsumer(*args, **kwargs))
+
+    @classmethod
+    def for_checkpoint(cls, *args: Any, **kwargs: Any) -> SyncConsumer:
+        return cls(lambda: CheckpointConsumer(*args, **kwargs))
+
+    @classmethod
+    def for_queue(cls, *args: Any, **kwargs: Any) -> SyncConsumer:
+        return cls(lambda: QueueConsumer(*args, **kwargs))
+
+    @property
+    def consumer(self) -> _AnyConsumer:
+        """The wrapped asyncio consumer (use it only through :meth:`call`)."""
+        return self._consumer
+
+    def receive(self, timeout: float | None = None) -> Message:
+        """The next message; raises ``TimeoutError`` after ``timeout`` seconds."""
+        return self._thread.run(self._consumer.receive(), timeout)
+
+    def ack(self, message: Message) -> None:
+        consumer = self._consumer
+        if isinstance(consumer, CheckpointConsumer):
+            raise TypeError("a checkpoint consumer does not acknowledge; use checkpoint()")
+        self._thread.run(consumer.ack(message), 30)
+
+    def checkpoint(self) -> Checkpoint:
+        consumer = self._consumer
+        if not isinstance(consumer, CheckpointConsumer):
+            raise TypeError("only a checkpoint consumer has checkpoints")
+
+        async def take() -> Checkpoint:
+            return consumer.checkpoint()
+
+        return self._thread.run(take(), 30)
+
+    def call(self, fn: Callable[[_AnyConsumer], Awaitable[T]], timeout: float | None = 60) -> T:
+        """Run ``fn(consumer)`` on the consumer's loop and wait for it."""
+
+        async def run() -> T:
+            return await fn(self._consumer)
+
+        return self._thread.run(run(), timeout)
+
+    def close(self) -> None:
+        try:
+            self._thread.run(self._consumer.close(), timeout=60)
+        finally:
+            self._thread.stop()
+
+    def __enter__(self) -> SyncConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,392 @@
+"""A small, real stand-in for the operator around the client SDK's tests and the split benchmark.
+
+* Brokers are real ``python -m segment_broker`` processes (``segment_broker.testing``).
+* The operator's session server is the real one (``controller.sessions.make_app`` with a real
+  ``controller.consumers.ConsumerHub``), fed by :class:`MemoryDagSource`, an in-memory
+  implementation of the ``DagSource`` interface built from ``SegmentLayout``s.
+* :class:`TopicEnv` executes splits and merges against the brokers' admin API in the order of
+  DESIGN §5 (children created with every subscription, parents terminated with their
+  successors, then the new layout published and handed to the hub).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from scalable_topics.client.segment import SegmentAdmin, Successor
+from scalable_topics.controller.consumers import ConsumerHub
+from scalable_topics.controller.sessions import make_app
+from scalable_topics.core.buckets import initial_layout_buckets, layout_buckets
+from scalable_topics.core.layout import SegmentLayout
+from scalable_topics.core.sessions import DagMessage, dag_message
+from segment_broker.testing import BrokerProcess, free_port
+
+
+class _Watch:
+    def __init__(self, latest: DagMessage) -> None:
+        self.latest = latest
+        self.ended = False
+        self.wake = asyncio.Event()
+        self.wake.set()
+
+
+class MemoryDagSource:
+    """``DagSource`` over in-memory layouts: ``watch`` yields the current DAG, then the latest
+    after every change (slow watchers skip versions), and ends when the topic is deleted."""
+
+    def __init__(self) -> None:
+        self.controller_url = ""
+        self._dags: dict[tuple[str, str], DagMessage] = {}
+        self._watches: dict[tuple[str, str], set[_Watch]] = {}
+
+    def publish(self, message: DagMessage) -> None:
+        key = (message.namespace, message.topic)
+        self._dags[key] = message
+        for watch in self._watches.get(key, ()):
+            watch.latest = message
+            watch.wake.set()
+
+    def delete(self, namespace: str, name: str) -> None:
+        self._dags.pop((namespace, name), None)
+        for watch in self._watches.get((namespace, name), ()):
+            watch.ended = True
+            watch.wake.set()
+
+    def dag(self, namespace: str, name: str) -> DagMessage | None:
+        return self._dags.get((namespace, name))
+
+    async def watch(self, namespace: str, name: str) -> AsyncIterator[DagMessage]:
+        current = self._dags.get((namespace, name))
+        if current is None:
+            return
+        watch = _Watch(current)
+        watches = self._watches.setdefault((namespace, name), set())
+        watches.add(watch)
+        try:
+            while True:
+                await watch.wake.wait()
+                watch.wake.clear()
+                if watch.ended:
+                    return
+                yield watch.latest
+        finally:
+            watches.discard(watch)
+
+
+@dataclass
+class SwitchRouting:
+    """Shard routing: this replica leads while ``leader`` is its own URL."""
+
+    own_url: str
+    leader: str
+
+    def leads(self, namespace: str, name: str) -> bool:
+        return self.leader == self.own_url
+
+    def leader_url(self, namespace: str, name: str) -> str:
+        return self.leader
+
+
+@dataclass
+class OperatorReplica:
+    """One operator replica's session server on a loopback port."""
+
+    url: str
+    dags: MemoryDagSource
+    routing: SwitchRouting
+    hub: ConsumerHub
+    runner: web.AppRunner
+    persisted: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_operator(
+    *, dags: MemoryDagSource | None = None, leader: str | None = None, port: int = 0
+) -> OperatorReplica:
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    dags = dags or MemoryDagSource()
+    routing = SwitchRouting(url, leader or url)
+    persisted: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+    async def persist(ns: str, topic: str, sub: str, status: dict[str, Any]) -> None:
+        persisted[(ns, topic, sub)] = status
+
+    hub = ConsumerHub(persist=persist, on_consumers_changed=lambda ns, t: None)
+    app = make_app(dags, routing, hub, health=lambda: True, ready=lambda: True, heartbeat=5.0)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, reuse_address=True).start()
+    return OperatorReplica(url, dags, routing, hub, runner, persisted)
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/readyz", timeout=1) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def broker_processes(base: Path, count: int = 2) -> Iterator[list[BrokerProcess]]:
+    """``count`` real broker processes, ready, stopped on exit."""
+    procs = []
+    try:
+        for i in range(count):
+            data = base / f"broker-{i}"
+            data.mkdir(parents=True, exist_ok=True)
+            proc = BrokerProcess(data)
+            proc.start()
+            procs.append(proc)
+        deadline = time.monotonic() + 60
+        for proc in procs:
+            while not _ready(proc.url):
+                if proc.proc is not None and proc.proc.poll() is not None:
+                    raise RuntimeError(f"broker exited: {proc.logs()}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"broker not ready: {proc.logs()}")
+                time.sleep(0.05)
+        yield procs
+    finally:
+        for proc in procs:
+            proc.terminate()
+
+
+async def wait_ready(url: str, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while not await asyncio.to_thread(_ready, url):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} not ready")
+        await asyncio.sleep(0.05)
+
+
+class TopicEnv:
+    """One topic on real brokers, published through an operator replica's session server."""
+
+    def __init__(
+        self,
+        operator: OperatorReplica,
+        broker_urls: list[str],
+        namespace: str,
+        topic: str,
+        *,
+        subscriptions: Mapping[str, str],
+        bucket_budget: int = 4,
+        grace_period: float = 30.0,
+    ) -> None:
+        self.operator = operator
+        self.broker_urls = broker_urls
+        self.namespace = namespace
+        self.topic = topic
+        self.subscriptions = dict(subscriptions)
+        self.bucket_budget = bucket_budget
+        self.grace_period = grace_period
+        self.layout = SegmentLayout.initial(1)
+        self.buckets: dict[int, int] = {}
+        self.placement: dict[int, str] = {}
+        self.admins = {url: SegmentAdmin(url) for url in broker_urls}
+        self.operators = [operator]
+        self.controller_url: str | None = operator.url
+        """The ``controllerUrl`` the DAG announces (tests may make it stale)."""
+
+    @property
+    def service_url(self) -> str:
+        return self.operator.url
+
+    async def create(self, segments: int) -> None:
+        self.layout = SegmentLayout.initial(segments)
+        self.buckets = initial_layout_buckets(self.layout, self.bucket_budget)
+        for i, segment in enumerate(self.layout.active()):
+            await self._create_segment(segment.segment_id, i)
+        self.publish()
+        for replica in self.operators:
+            replica.hub.restore(
+                self.namespace,
+                self.topic,
+                self.layout,
+                [],
+                grace_period=self.grace_period,
+                strategies={n: "sticky" for n, t in self.subscriptions.items() if t != "Queue"},
+            )
+
+    async def _create_segment(self, segment_id: int, slot: int) -> None:
+        url = self.broker_urls[slot % len(self.broker_urls)]
+        info = self.layout.segments[segment_id]
+        await self.admins[url].create_segment(
+            self.namespace,
+            self.topic,
+            segment_id,
+            info.hash_range.start,
+            info.hash_range.end,
+            buckets=self.buckets[segment_id],
+            subscriptions=self.subscriptions,
+        )
+        self.placement[segment_id] = url
+
+    def publish(self) -> DagMessage:
+        message = dag_message(
+            self.namespace,
+            self.topic,
+            self.layout,
+            brokers=self.placement,
+            buckets=self.buckets,
+            controller_url=self.controller_url,
+        )
+        for replica in self.operators:
+            replica.dags.publish(message)
+        return message
+
+    async def _apply(
+        self, new: SegmentLayout, parents: list[int], *, early_push: float | None = None
+    ) -> list[int]:
+        """DESIGN §5 steps 3-6 for a committed-to-be layout ``new``.
+
+        ``early_push`` publishes the new DAG that many seconds *before* terminating the parents:
+        the race where a producer hears of the split from the DAG watch before its parent's
+        ``SEALED`` frame arrives."""
+        children = sorted(set(new.segments) - set(self.layout.segments))
+        self.buckets = layout_buckets(new, self.buckets)
+        self.layout = new
+        for child in children:
+            slot = self.broker_urls.index(self.placement[parents[0]]) + 1 + children.index(child)
+            await self._create_segment(child, slot)
+        successors = [
+            Successor(
+                c,
+                new.segments[c].hash_range.start,
+                new.segments[c].hash_range.end,
+                self.placement[c],
+            )
+            for c in children
+        ]
+        if early_push is not None:
+            self.publish()
+            await asyncio.sleep(early_push)
+        for parent in parents:
+            await self.admins[self.placement[parent]].terminate(
+                self.namespace, self.topic, parent, successors
+            )
+        self.publish()
+        for replica in self.operators:
+            replica.hub.layout_changed(self.namespace, self.topic, new)
+        return children
+
+    async def split(
+        self, segment_id: int, at: int | None = None, *, early_push: float | None = None
+    ) -> list[int]:
+        new = self.layout.split(segment_id, at)
+        return await self._apply(new, [segment_id], early_push=early_push)
+
+    async def merge(self, *segment_ids: int) -> list[int]:
+        return await self._apply(self.layout.merge(*segment_ids), list(segment_ids))
+
+    async def stats(self, segment_id: int) -> dict[str, Any]:
+        url = self.placement[segment_id]
+        return await self.admins[url].stats(self.namespace, self.topic, segment_id)
+
+    async def close(self) -> None:
+        for admin in self.admins.values():
+            await admin.close()
+
+
+@dataclass
+class KeyedLoad:
+    """Sends ``key:n`` values for a fixed set of keys, in rounds, and records what was
+    acknowledged (and where)."""
+
+    keys: list[str]
+    acked: dict[tuple[str, int], Any] = field(default_factory=dict)
+    ack_times: dict[tuple[str, int], float] = field(default_factory=dict)
+    sent: int = 0
+    errors: list[BaseException] = field(default_factory=list)
+    _waiters: list[tuple[int, asyncio.Event]] = field(default_factory=list)
+
+    async def wait_acked(self, count: int) -> None:
+        """Until at least ``count`` messages are acknowledged."""
+        if len(self.acked) >= count:
+            return
+        event = asyncio.Event()
+        self._waiters.append((count, event))
+        await event.wait()
+
+    @staticmethod
+    def value(key: str, n: int) -> bytes:
+        return f"{key}:{n}".encode()
+
+    @staticmethod
+    def parse(value: bytes) -> tuple[str, int]:
+        key, _, n = value.decode().rpartition(":")
+        return key, int(n)
+
+    async def run(
+        self,
+        producer: Any,
+        rounds: int,
+        *,
+        first: int = 0,
+        pause: float = 0.0,
+        window: int = 2000,
+    ) -> None:
+        """Send ``rounds`` messages per key (values ``first`` on), at most ``window``
+        unacknowledged."""
+        pending: set[asyncio.Future[Any]] = set()
+        for n in range(first, first + rounds):
+            for key in self.keys:
+                future = await producer.send_async(self.value(key, n), key=key)
+                future.add_done_callback(self._recorder(key, n))
+                pending.add(future)
+                future.add_done_callback(pending.discard)
+                self.sent += 1
+                while len(pending) >= window:
+                    await asyncio.wait(set(pending), return_when=asyncio.FIRST_COMPLETED)
+            if pause:
+                await asyncio.sleep(pause)
+        if pending:
+            await asyncio.wait(set(pending))
+
+    def _recorder(self, key: str, n: int) -> Any:
+        def record(future: asyncio.Future[Any]) -> None:
+            if future.cancelled():
+                return
+            if future.exception() is not None:
+                self.errors.append(future.exception())  # type: ignore[arg-type]
+                return
+            self.acked[(key, n)] = future.result()
+            self.ack_times[(key, n)] = time.monotonic()
+            for count, event in self._waiters:
+                if len(self.acked) >= count:
+                    event.set()
+
+        return record
+
+
+def check_order(received: list[tuple[str, int]], acked: Mapping[tuple[str, int], Any]) -> None:
+    """Every acknowledged message was received, and each key's values came in order (a value
+    may repeat only right where a redelivery restarts, never go back past a newer one already
+    seen after its first delivery)."""
+    seen: dict[str, int] = {}
+    got = set()
+    for key, n in received:
+        last = seen.get(key, -1)
+        assert n >= last or (key, n) in got, f"key {key}: {n} after {last}"
+        if n > last:
+            assert n == last + 1 or (key, last + 1) not in acked, (
+                f"key {key}: {n} after {last}, {last + 1} missing"
+            )
+        seen[key] = max(last, n)
+        got.add((key, n))
+    missing = set(acked) - got
+    assert not missing, (
+        f"{len(missing)} acknowledged messages never received, e.g. {sorted(missing)[:5]}"
+    )

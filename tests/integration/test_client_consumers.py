@@ -1,0 +1,269 @@
+"""Stream and checkpoint consumers against the real session server and real broker processes:
+reassignment when a second consumer joins, checkpoint export/restore, controller failover
+(redirect to the new leader), and the blocking wrappers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from scalable_topics.client import (
+    Checkpoint,
+    CheckpointConsumer,
+    ConsumerError,
+    ScalableTopicProducer,
+    StreamConsumer,
+    SyncConsumer,
+    SyncProducer,
+)
+from segment_broker.testing import BrokerProcess
+
+from .client_harness import (
+    KeyedLoad,
+    OperatorReplica,
+    TopicEnv,
+    broker_processes,
+    check_order,
+    start_operator,
+)
+from .conftest import eventually
+
+pytestmark = pytest.mark.integration
+
+NS = "clients"
+SUBS = {"stream": "Stream", "queue": "Queue"}
+KEYS = [f"user-{i}" for i in range(24)]
+
+
+@pytest.fixture(scope="module")
+def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[BrokerProcess]]:
+    with broker_processes(tmp_path_factory.mktemp("brokers"), 2) as procs:
+        yield procs
+
+
+@pytest.fixture
+async def operator() -> AsyncIterator[OperatorReplica]:
+    replica = await start_operator()
+    yield replica
+    await replica.stop()
+
+
+async def _env(
+    operator: OperatorReplica, brokers: list[BrokerProcess], topic: str, segments: int = 2
+) -> TopicEnv:
+    env = TopicEnv(operator, [b.url for b in brokers], NS, topic, subscriptions=SUBS)
+    await env.create(segments)
+    return env
+
+
+async def _produce(env: TopicEnv, load: KeyedLoad, rounds: int, first: int = 0) -> None:
+    async with ScalableTopicProducer(env.service_url, NS, env.topic) as producer:
+        await load.run(producer, rounds, first=first)
+    assert not load.errors
+
+
+async def _read(
+    consumer: StreamConsumer | CheckpointConsumer,
+    count: int,
+    out: list[tuple[str, int]],
+    *,
+    ack: bool = True,
+    within: float = 30.0,
+) -> None:
+    async with asyncio.timeout(within):
+        for _ in range(count):
+            msg = await consumer.receive()
+            out.append(KeyedLoad.parse(msg.value))
+            if ack and isinstance(consumer, StreamConsumer):
+                await consumer.ack(msg)
+
+
+async def test_second_consumer_takes_half_the_segments(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    env = await _env(operator, brokers, "rebalance", segments=4)
+    load = KeyedLoad(KEYS)
+    try:
+        first = StreamConsumer(env.service_url, NS, env.topic, "stream", "worker-a")
+        await first.start()
+        assert sorted(first.assignment) == [0, 1, 2, 3]
+        await _produce(env, load, 10)
+        seen_a: list[tuple[str, int]] = []
+        await _read(first, len(KEYS) * 10, seen_a)
+        check_order(seen_a, load.acked)
+
+        second = StreamConsumer(env.service_url, NS, env.topic, "stream", "worker-b")
+        await second.start()
+        await first.wait_assignment(lambda ids: len(ids) == 2, within=10)
+        await second.wait_assignment(lambda ids: len(ids) == 2, within=10)
+        assert sorted(first.assignment + second.assignment) == [0, 1, 2, 3]
+
+        more = KeyedLoad(KEYS)
+        await _produce(env, more, 10, first=10)
+        expected = set((k, n) for (k, n) in more.acked)
+        got: list[tuple[str, int]] = []
+        got_a: list[tuple[str, int]] = []
+        got_b: list[tuple[str, int]] = []
+
+        async def drain(consumer: StreamConsumer, out: list[tuple[str, int]]) -> None:
+            while not expected <= set(got):
+                try:
+                    async with asyncio.timeout(0.3):
+                        msg = await consumer.receive()
+                except TimeoutError:
+                    continue
+                item = KeyedLoad.parse(msg.value)
+                if item[1] < 10 and item in load.acked:
+                    continue  # redelivery of the first batch is allowed, not needed
+                out.append(item)
+                got.append(item)
+                await consumer.ack(msg)
+
+        async with asyncio.timeout(30):
+            await asyncio.gather(drain(first, got_a), drain(second, got_b))
+        assert got_a and got_b, "both consumers must receive messages"
+        keys_a = {k for k, _ in got_a}
+        keys_b = {k for k, _ in got_b}
+        assert not keys_a & keys_b, "a key is read by one consumer only"
+        check_order(got_a, {i: None for i in more.acked if i[0] in keys_a})
+        check_order(got_b, {i: None for i in more.acked if i[0] in keys_b})
+        await second.close(unregister=True)
+        await first.wait_assignment(lambda ids: len(ids) == 4, within=10)
+        await first.close()
+    finally:
+        await env.close()
+
+
+async def test_checkpoint_export_and_restore(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    env = await _env(operator, brokers, "checkpoint")
+    load = KeyedLoad(KEYS)
+    try:
+        await _produce(env, load, 10)
+        total = len(KEYS) * 10
+        first: list[tuple[str, int]] = []
+        consumer = CheckpointConsumer(env.service_url, NS, env.topic, "stream", "etl")
+        await consumer.start()
+        await _read(consumer, total // 2, first)
+        saved = consumer.checkpoint().dumps()
+        await consumer.close()
+
+        # A split after the checkpoint: the restored consumer must finish the parent, then
+        # read the children.
+        children = await env.split(0)
+        more = KeyedLoad(KEYS)
+        async with ScalableTopicProducer(env.service_url, NS, env.topic) as producer:
+            for key in KEYS:
+                await producer.send(KeyedLoad.value(key, 10), key=key)
+                more.acked[(key, 10)] = None
+
+        checkpoint = Checkpoint.loads(saved)
+        assert checkpoint.subscription == "stream"
+        restored = CheckpointConsumer(
+            env.service_url, NS, env.topic, "stream", "etl", start_from=checkpoint
+        )
+        await restored.start()
+        second: list[tuple[str, int]] = []
+        await _read(restored, total - total // 2 + len(KEYS), second)
+        assert not set(first) & set(second), "nothing before the checkpoint is read again"
+        check_order(first + second, {**load.acked, **more.acked})
+        await eventually(lambda: 0 in restored.drained_segments, within=10)
+        final = restored.checkpoint()
+        assert 0 in final.drained
+        assert set(final.positions) <= {1, *children}
+        assert Checkpoint.loads(final.dumps()) == final
+        await restored.close()
+    finally:
+        await env.close()
+
+
+async def test_consumer_follows_the_controller_to_a_new_leader(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    env = await _env(operator, brokers, "failover")
+    standby = await start_operator(dags=None, leader=operator.url)
+    env.operators.append(standby)
+    load = KeyedLoad(KEYS)
+    try:
+        # A stale controllerUrl sends the consumer to the standby, which answers 307.
+        env.controller_url = standby.url
+        env.publish()
+        consumer = StreamConsumer(standby.url, NS, env.topic, "stream", "worker-a")
+        await consumer.start()
+        assert sorted(consumer.assignment) == [0, 1]
+        assert consumer.controller_sessions == 1
+        leader = operator.hub.coordinator(NS, env.topic, "stream")
+        assert leader is not None and leader.connected() == ["worker-a"]
+
+        # Leadership moves to the standby: the old leader redirects its consumers.
+        operator.routing.leader = standby.url
+        standby.routing.leader = standby.url
+        standby.hub.restore(
+            NS,
+            env.topic,
+            env.layout,
+            [operator.persisted[(NS, env.topic, "stream")]],
+            grace_period=30.0,
+            strategies={"stream": "sticky"},
+        )
+        operator.hub.forget_topic(NS, env.topic)
+
+        def moved() -> bool:
+            coordinator = standby.hub.coordinator(NS, env.topic, "stream")
+            return coordinator is not None and coordinator.connected() == ["worker-a"]
+
+        await eventually(moved, within=10)
+        assert consumer.controller_sessions >= 2
+
+        await _produce(env, load, 5)
+        got: list[tuple[str, int]] = []
+        await _read(consumer, len(KEYS) * 5, got)
+        check_order(got, load.acked)
+
+        # The same name registering again elsewhere supersedes this session.
+        other = StreamConsumer(standby.url, NS, env.topic, "stream", "worker-a")
+        await other.start()
+        with pytest.raises(ConsumerError):
+            async with asyncio.timeout(10):
+                await consumer.receive()
+        await other.close()
+        await consumer.close()
+    finally:
+        await standby.stop()
+        await env.close()
+
+
+async def test_blocking_wrappers(operator: OperatorReplica, brokers: list[BrokerProcess]) -> None:
+    env = await _env(operator, brokers, "sync")
+    try:
+
+        def work() -> list[tuple[str | None, bytes]]:
+            with SyncProducer(env.service_url, NS, env.topic) as producer:
+                ids = [producer.send(f"v{i}".encode(), key=f"k{i % 3}") for i in range(9)]
+                assert len({(m.segment_id, m.position, m.batch_index) for m in ids}) == 9
+                unkeyed = [producer.send_async(f"u{i}".encode()) for i in range(4)]
+                spread = {f.result(timeout=20).segment_id for f in unkeyed}
+                assert spread == {0, 1}, "unkeyed messages go round-robin"
+            with SyncConsumer.for_stream(
+                env.service_url, NS, env.topic, "stream", "sync-reader"
+            ) as consumer:
+                out = []
+                for _ in range(13):
+                    msg = consumer.receive(timeout=20)
+                    consumer.ack(msg)
+                    out.append((msg.key, msg.value))
+            return out
+
+        received = await asyncio.to_thread(work)
+        assert sorted(v for _, v in received) == sorted(
+            [f"v{i}".encode() for i in range(9)] + [f"u{i}".encode() for i in range(4)]
+        )
+        assert all(k is None for k, v in received if v.startswith(b"u"))
+        for key in ("k0", "k1", "k2"):
+            values = [int(v[1:]) for k, v in received if k == key]
+            assert len(values) == 3
+            assert values == sorted(values)
+    finally:
+        await env.close()

@@ -1,0 +1,187 @@
+"""The client SDK across splits and merges, on real broker processes and the real session server.
+
+A producer sends keyed messages while a segment is split (or two are merged) through the
+brokers' admin API in the protocol's order; a stream consumer and a queue consumer read
+concurrently. Every acknowledged message must arrive, and each key's messages in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from scalable_topics.client import QueueConsumer, ScalableTopicProducer, StreamConsumer
+from scalable_topics.core.hashing import segment_hash
+from segment_broker.testing import BrokerProcess
+
+from .client_harness import (
+    KeyedLoad,
+    OperatorReplica,
+    TopicEnv,
+    broker_processes,
+    check_order,
+    start_operator,
+)
+from .conftest import eventually
+
+pytestmark = pytest.mark.integration
+
+NS = "clients"
+SUBS = {"stream": "Stream", "queue": "Queue"}
+KEYS = [f"key-{i}" for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[BrokerProcess]]:
+    with broker_processes(tmp_path_factory.mktemp("brokers"), 2) as procs:
+        yield procs
+
+
+@pytest.fixture
+async def operator() -> AsyncIterator[OperatorReplica]:
+    replica = await start_operator()
+    yield replica
+    await replica.stop()
+
+
+async def _env(operator: OperatorReplica, brokers: list[BrokerProcess], topic: str) -> TopicEnv:
+    env = TopicEnv(operator, [b.url for b in brokers], NS, topic, subscriptions=SUBS)
+    await env.create(2)
+    return env
+
+
+async def _drain_stream(
+    consumer: StreamConsumer, load: KeyedLoad, done: asyncio.Event, out: list[tuple[str, int]]
+) -> None:
+    """Read and ack until every acknowledged message of a finished load was received."""
+    got: set[tuple[str, int]] = set()
+    while not (done.is_set() and set(load.acked) <= got):
+        try:
+            async with asyncio.timeout(0.5):
+                msg = await consumer.receive()
+        except TimeoutError:
+            continue
+        item = KeyedLoad.parse(msg.value)
+        assert msg.key == item[0]
+        out.append(item)
+        got.add(item)
+        await consumer.ack(msg)
+
+
+async def _drain_queue(
+    consumer: QueueConsumer, load: KeyedLoad, done: asyncio.Event, out: list[tuple[str, int]]
+) -> None:
+    got: set[tuple[str, int]] = set()
+    while not (done.is_set() and set(load.acked) <= got):
+        try:
+            async with asyncio.timeout(0.5):
+                msg = await consumer.receive()
+        except TimeoutError:
+            continue
+        item = KeyedLoad.parse(msg.value)
+        out.append(item)
+        got.add(item)
+        await consumer.ack(msg)
+
+
+async def _scenario(env: TopicEnv, change: str) -> tuple[KeyedLoad, list[int]]:
+    load = KeyedLoad(KEYS)
+    done = asyncio.Event()
+    streamed: list[tuple[str, int]] = []
+    queued: list[tuple[str, int]] = []
+    async with (
+        ScalableTopicProducer(env.service_url, NS, env.topic, linger_ms=2) as producer,
+        StreamConsumer(env.service_url, NS, env.topic, "stream", "reader-1") as stream,
+        QueueConsumer(env.service_url, NS, env.topic, "queue", "queue-1") as queue,
+    ):
+        readers = [
+            asyncio.create_task(_drain_stream(stream, load, done, streamed)),
+            asyncio.create_task(_drain_queue(queue, load, done, queued)),
+        ]
+        sending = asyncio.create_task(load.run(producer, 60, pause=0.01))
+        async with asyncio.timeout(30):
+            await load.wait_acked(20 * len(KEYS))
+        children = await env.split(0) if change == "split" else await env.merge(0, 1)
+        await sending
+        await producer.flush()
+        done.set()
+        async with asyncio.timeout(60):
+            await asyncio.gather(*readers)
+        assert not load.errors
+        assert load.sent == len(load.acked) == 60 * len(KEYS)
+        check_order(streamed, load.acked)
+        check_order(queued, load.acked)
+        drained = env.operator.hub.coordinator(NS, env.topic, "stream")
+        assert drained is not None
+        for parent in [0] if change == "split" else [0, 1]:
+            await eventually(lambda p=parent: p in drained.drained_segments, within=10)  # type: ignore[misc]
+            assert parent in stream.drained_segments
+            assert parent in queue.drained_segments
+    return load, children
+
+
+async def test_split_mid_stream_keeps_every_message_in_key_order(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    env = await _env(operator, brokers, "split")
+    try:
+        load, children = await _scenario(env, "split")
+        parent_range = env.layout.segments[0].hash_range
+        late = [
+            mid
+            for (key, n), mid in load.acked.items()
+            if n >= 59 and parent_range.contains(segment_hash(key))
+        ]
+        assert late and all(mid.segment_id in children for mid in late)
+        for child in children:
+            stats = await env.stats(child)
+            assert stats["lastPosition"] >= 0
+    finally:
+        await env.close()
+
+
+async def test_merge_mid_stream_keeps_every_message_in_key_order(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    env = await _env(operator, brokers, "merge")
+    try:
+        load, children = await _scenario(env, "merge")
+        assert len(children) == 1
+        late = [mid for (key, n), mid in load.acked.items() if n >= 59]
+        assert all(mid.segment_id == children[0] for mid in late)
+    finally:
+        await env.close()
+
+
+async def test_dag_push_before_seal_does_not_let_a_key_overtake_itself(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    """The DAG watch announces the children 100 ms before the parent is sealed (the producer
+    hears of the split before its parent's ``SEALED``): the producer goes on without loss, in key
+    order, and still re-routes on the seal. (The pinning rule that keeps a key's in-flight
+    messages ahead of newer ones in the tighter race is unit-tested in test_client_routing.)"""
+    env = await _env(operator, brokers, "early")
+    load = KeyedLoad(KEYS)
+    done = asyncio.Event()
+    streamed: list[tuple[str, int]] = []
+    try:
+        async with (
+            ScalableTopicProducer(env.service_url, NS, env.topic, linger_ms=2) as producer,
+            StreamConsumer(env.service_url, NS, env.topic, "stream", "reader-1") as stream,
+        ):
+            reader = asyncio.create_task(_drain_stream(stream, load, done, streamed))
+            sending = asyncio.create_task(load.run(producer, 60, pause=0.005))
+            async with asyncio.timeout(30):
+                await load.wait_acked(15 * len(KEYS))
+            await env.split(0, early_push=0.1)
+            await sending
+            await producer.flush()
+            done.set()
+            async with asyncio.timeout(60):
+                await reader
+            assert producer.reroutes == 1
+            assert not load.errors and len(load.acked) == 60 * len(KEYS)
+            check_order(streamed, load.acked)
+    finally:
+        await env.close()
