@@ -95,13 +95,14 @@ def _add_local(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from . import demo, topics
+    from . import clients, demo, topics
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-n", "--namespace", default="default")
     common.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     topics.add_parsers(sub, common)
-    for name in ("dag", "split", "merge"):
+    clients.add_parsers(sub, common)
+    for name in ("dag", "split", "merge", "produce", "consume", "bench"):
         sub.choices[name].set_defaults(func=topics.run_async)
     demo.add_parser(sub)
 
