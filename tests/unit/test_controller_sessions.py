@@ -343,8 +343,8 @@ async def test_a_slow_dag_watcher_blocks_nobody(replicas: list[Replica]) -> None
     replica.dags.publish(NS, TOPIC, layout, bucket_budget=1500 * 48)
     slow = await replica.client.ws_connect(dag_path(NS, TOPIC), max_msg_size=0)
     fast = await replica.client.ws_connect(dag_path(NS, TOPIC), max_msg_size=0)
-    assert (await receive(slow)).epoch == 0
-    assert (await receive(fast)).epoch == 0
+    assert (await receive(slow, within=20)).epoch == 0
+    assert (await receive(fast, within=20)).epoch == 0
 
     versions = 24
     for i in range(versions):
