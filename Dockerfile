@@ -8,6 +8,8 @@ COPY broker-image ./broker-image
 RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[spark]'
 
 FROM python:3.11-slim
+# The JRE follows Debian's security updates for the base image's release rather than a pin.
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini \
     && rm -rf /var/lib/apt/lists/* \

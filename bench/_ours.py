@@ -1,0 +1,241 @@
+"""Our segment broker: the server process and the client adapter (scalable_topics.client.segment).
+
+The producer uses the client's batch path: each batch of the load generator becomes one entry
+(`wire.encode_keyed_values`: every key is hashed and every message framed, in Python, like the
+peers' clients do per message) sent with `SegmentProducer.send_encoded` and acknowledged after
+the broker's group-committed fdatasync. Keys rotate over 1024 distinct keys; the segment covers
+the whole ring with one entry bucket.
+
+The consumer decodes every message of every entry (`ReceivedEntry.messages()`), as an
+application would, and acknowledges cumulatively once per received batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench._procs import Server, free_port, start_server
+
+DURABILITY = "ack after fdatasync (`--fsync always`, group commit)"
+NAMESPACE = "bench"
+TOPIC = "t"
+SUBSCRIPTION = "bench"
+KEYS = [f"key-{i}".encode() for i in range(1024)]
+_KEYS_TWICE = KEYS + KEYS
+
+
+def _version() -> str:
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run(
+        ["git", "-C", str(repo), "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return f"segment_broker (this tree, {r.stdout.strip() or 'no commit'})"
+
+
+def start_ours(workdir: Path) -> tuple[Server, dict[str, Any], str]:
+    port = free_port()
+    data = workdir / "data"
+    argv = [
+        sys.executable,
+        "-m",
+        "segment_broker",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data),
+        "--fsync",
+        "always",
+    ]
+
+    def ready() -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+            return int(r.status) == 200
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEGMENT_BROKER_")}
+    server = start_server("segment-broker", argv, workdir, port, ready, env=env)
+    return server, {"url": f"http://127.0.0.1:{port}"}, _version()
+
+
+class OursProducer:
+    def __init__(self, producer: Any, payload: bytes) -> None:
+        from scalable_topics.core import wire
+
+        self.producer = producer
+        self.payload = payload
+        self.encode = wire.encode_keyed_values
+        self.next_key = 0
+
+    async def send(self, n: int) -> None:
+        k = self.next_key
+        keys = (
+            _KEYS_TWICE[k : k + n] if n <= len(KEYS) else (KEYS * (n // len(KEYS) + 2))[k : k + n]
+        )
+        self.next_key = (k + n) % len(KEYS)
+        payload, count, hmin, hmax, sample, keyed = self.encode(keys, [self.payload] * n)
+        fut = await self.producer.send_encoded(payload, count, hmin, hmax, sample, keyed)
+        await asyncio.shield(fut)  # the future belongs to the client: never cancel it
+
+    async def close(self) -> None:
+        await self.producer.close()
+
+
+class OursMessageProducer:
+    """The SDK's per-message path: `SegmentProducer.send(value, key)` for every message (the
+    client batches them into entries itself), then waits for the entries' acks."""
+
+    def __init__(self, producer: Any, payload: bytes) -> None:
+        self.producer = producer
+        self.payload = payload
+        self.next_key = 0
+
+    async def send(self, n: int) -> None:
+        k = self.next_key
+        send = self.producer.send
+        payload = self.payload
+        futures = {await send(payload, key) for key in _KEYS_TWICE[k : k + n]}
+        self.next_key = (k + n) % len(KEYS)
+        self.producer.flush_batches()
+        await asyncio.shield(asyncio.gather(*futures))
+
+    async def close(self) -> None:
+        await self.producer.close()
+
+
+class OursConsumer:
+    def __init__(self, consumer: Any, batch: int) -> None:
+        self.consumer = consumer
+        self.batch = batch
+
+    async def consume(self, max_messages: int, duration: float) -> tuple[int, float]:
+        c = self.consumer
+        t0 = time.monotonic()
+        deadline = t0 + duration
+        n = 0
+        last = t0
+        while n < max_messages and time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(c.wait_ready(), timeout=1.0)
+            except TimeoutError:
+                break
+            if c.failure is not None:
+                raise c.failure
+            entries = c.receive_nowait(self.batch)
+            if not entries:
+                if c.end_of_segment:
+                    break
+                continue
+            for e in entries:
+                n += len(e.messages())
+            c.ack_cumulative(entries[-1].position)
+            last = time.monotonic()
+        return n, last - t0
+
+    async def close(self) -> None:
+        await self.consumer.close()
+
+
+class OursAdapter:
+    def __init__(self, endpoint: dict[str, Any], per_message: bool = False) -> None:
+        self.url = str(endpoint["url"])
+        self.segment = int(endpoint.get("run", 0))
+        self.per_message = per_message
+
+    async def reset(self) -> None:
+        from scalable_topics.client.segment import SegmentAdmin
+
+        async with SegmentAdmin(self.url) as admin:
+            await admin.delete_segment(NAMESPACE, TOPIC, self.segment)
+            await admin.create_segment(
+                NAMESPACE,
+                TOPIC,
+                self.segment,
+                0,
+                0xFFFF,
+                buckets=1,
+                subscriptions={SUBSCRIPTION: "Exclusive"},
+            )
+
+    async def producer(
+        self, payload_size: int, batch: int, window: int
+    ) -> OursProducer | OursMessageProducer:
+        from scalable_topics.client.segment import SegmentProducer
+
+        producer = await SegmentProducer.connect(
+            self.url,
+            NAMESPACE,
+            TOPIC,
+            self.segment,
+            f"bench-{os.getpid()}-{time.monotonic_ns()}",
+            batch_max_messages=batch,
+            batch_max_bytes=64 << 20,
+            linger_ms=5.0 if self.per_message else 0,
+        )
+        if self.per_message:
+            return OursMessageProducer(producer, os.urandom(payload_size))
+        return OursProducer(producer, os.urandom(payload_size))
+
+    async def consumer(self, batch: int) -> OursConsumer:
+        from scalable_topics.client.segment import SegmentConsumer
+
+        consumer = await SegmentConsumer.connect(
+            self.url, NAMESPACE, TOPIC, self.segment, SUBSCRIPTION, "c1", permits=batch
+        )
+        return OursConsumer(consumer, batch)
+
+
+async def ours_adapter(endpoint: dict[str, Any]) -> OursAdapter:
+    return OursAdapter(endpoint)
+
+
+async def ours_message_adapter(endpoint: dict[str, Any]) -> OursAdapter:
+    return OursAdapter(endpoint, per_message=True)
+
+
+def fsync_stats(endpoint: dict[str, Any]) -> dict[str, float]:
+    """Cumulative flush (write + fdatasync) histogram of the broker
+    (`segment_broker_fsync_seconds`)."""
+    with urllib.request.urlopen(f"{endpoint['url']}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("segment_broker_fsync_seconds"):
+            continue
+        name, _, value = line.rpartition(" ")
+        if name.startswith("segment_broker_fsync_seconds_bucket"):
+            le = name.split('le="', 1)[1].split('"', 1)[0]
+            out[f"le={le}"] = float(value)
+        elif name.endswith(("_count", "_sum")):
+            out[name.rsplit("_", 1)[1]] = float(value)
+    return out
+
+
+def fsync_delta(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float]:
+    """Per-step group-commit figures: syncs/s, mean and ~p99 (bucket upper bound), busy share."""
+    count = after.get("count", 0.0) - before.get("count", 0.0)
+    total = after.get("sum", 0.0) - before.get("sum", 0.0)
+    buckets = sorted(
+        (float(k[3:]), after[k] - before.get(k, 0.0)) for k in after if k.startswith("le=")
+    )
+    p99 = float("nan")
+    for le, n in buckets:
+        if count and n >= 0.99 * count:
+            p99 = le
+            break
+    return {
+        "fsyncPerSec": count / wall if wall else 0.0,
+        "fsyncMeanMs": total / count * 1000 if count else 0.0,
+        "fsyncP99LeMs": p99 * 1000,
+        "fsyncBusy": total / wall if wall else 0.0,
+    }

@@ -1,0 +1,166 @@
+"""Server processes for benchmarks: install, pin, start, wait, measure CPU, stop."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SERVER_CORE = 0
+CLIENT_CORE = 1
+
+
+def can_pin() -> bool:
+    """Server and client get a core each only when the machine has at least two."""
+    try:
+        return len(os.sched_getaffinity(0)) >= 2 and {SERVER_CORE, CLIENT_CORE} <= set(
+            os.sched_getaffinity(0)
+        )
+    except AttributeError:
+        return False
+
+
+def pin_self(core: int) -> None:
+    if can_pin():
+        os.sched_setaffinity(0, {core})
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_debian_package(binary: str, package: str) -> str:
+    """Path of `binary`; installs the Debian `package` with apt-get when it is missing.
+
+    The benchmark runs as root on the project's machines; elsewhere the install fails with a
+    clear message and the benchmark for that peer is skipped by the caller.
+    """
+    found = shutil.which(binary) or (
+        f"/usr/sbin/{binary}" if os.path.exists(f"/usr/sbin/{binary}") else None
+    )
+    if found:
+        return found
+    print(
+        f"[bench] {binary} not found: installing the Debian package {package} (apt-get install -y)",
+        flush=True,
+    )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "--no-install-recommends", package]
+    if os.geteuid() != 0:
+        raise RuntimeError(f"{binary} is missing and installing {package} needs root")
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    if r.returncode != 0:
+        subprocess.run(
+            ["apt-get", "update"], env=env, capture_output=True, timeout=600, check=False
+        )
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    found = shutil.which(binary) or (
+        f"/usr/sbin/{binary}" if os.path.exists(f"/usr/sbin/{binary}") else None
+    )
+    if r.returncode != 0 or not found:
+        raise RuntimeError(f"apt-get install {package} failed: {r.stderr[-2000:]}")
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process, all threads included (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen[bytes]
+    workdir: Path
+    log_path: Path
+    port: int
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+
+
+def start_server(
+    name: str,
+    argv: Sequence[str],
+    workdir: Path,
+    port: int,
+    ready: Callable[[], bool],
+    *,
+    timeout: float = 30.0,
+    env: dict[str, str] | None = None,
+) -> Server:
+    """Start `argv` pinned to the server core, logging to `workdir/<name>.log`; wait for `ready`.
+
+    `ready` is polled until it returns True or the deadline passes (then the process is stopped
+    and the log tail is raised).
+    """
+    cmd = list(argv)
+    taskset = shutil.which("taskset")
+    if can_pin() and taskset:
+        cmd = [taskset, "-c", str(SERVER_CORE), *cmd]
+    log_path = workdir / f"{name}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=workdir,
+            env=env,
+            start_new_session=True,
+        )
+    server = Server(name, proc, workdir, log_path, port)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{server.log_tail()}")
+        with contextlib.suppress(OSError):
+            if ready():
+                return server
+        time.sleep(0.05)
+    server.stop()
+    raise RuntimeError(f"{name} not ready after {timeout:.0f} s:\n{server.log_tail()}")
+
+
+def tcp_open(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        return True
+
+
+def python() -> str:
+    return sys.executable

@@ -1,0 +1,743 @@
+"""Segment broker produce/consume benchmark against NATS JetStream and Redis Streams.
+
+All three servers run side by side (pinned to core 0); each has its own load-generator process
+(pinned to core 1). Every phase **interleaves** the systems (ours, NATS, Redis, ours, …) so that
+the background load of a shared machine hits them alike, and each payload size (100 B, 1 KB)
+has its own fresh stream/segment:
+
+1. **capacity**: closed-loop probes keep the in-flight window full, `repeats` interleaved
+   rounds;
+2. **latency**: per system, one more probe, then an open-loop sweep (wrk2 style,
+   `bench/_load.py`) at fractions of that probe's throughput, 80 % first (three times in full
+   mode, interleaved with 50 % and 110 %); it measures achieved throughput and publish→ack
+   latency (p50/p99/p99.9/max) from the *intended* send time. The 80 % step with the median p99
+   is the latency-target figure. Saturation = the median of all probes;
+3. **consume**: read back from the start (batched fetch + one cumulative ack per batch).
+
+Every system gets the same client shape: one uvloop process, batches of up to `BATCH`
+messages, at most `WINDOW` messages in flight. Server and client CPU use are recorded per step;
+≥ 85 % of a core is flagged (client-bound / server-bound).
+
+Set `BENCH_BROKER_SYSTEMS=ours,nats,redis` (any subset) to run fewer systems; `ours-msg` (not run
+by default) adds our broker driven through the SDK's per-message `send(value, key)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import _worker
+from bench._load import ConsumeResult, ConsumeSpec, StepResult, StepSpec
+from bench._peers import NATS_DURABILITY, REDIS_DURABILITY, start_nats, start_redis
+from bench._procs import Server, can_pin
+from bench.report import Cell, Report, Section, Table
+
+PAYLOADS = (100, 1024)
+BATCH = 256
+WINDOW = 4096
+BOUND = 0.85
+
+TARGET_RATIO = 2.0
+TARGET_100B = 150_000.0
+TARGET_P99_MS = 25.0
+
+
+@dataclass(frozen=True)
+class Mode:
+    probe: float
+    probe_warmup: float
+    repeats: int
+    step: float
+    step_warmup: float
+    fractions: tuple[float, ...]
+    consume: float
+    equal_load: float = 0.0
+    """> 0: one more open-loop step for every system at this fraction of the *slowest* system's
+    saturation, so latencies compare at the same offered load."""
+
+
+QUICK = Mode(2.0, 0.5, 0, 2.5, 0.5, (0.8,), 1.5)
+FULL = Mode(5.0, 1.0, 2, 6.0, 1.5, (0.8, 0.5, 0.8, 1.1, 0.8), 5.0, equal_load=0.5)
+
+
+@dataclass
+class Step:
+    kind: str  # "probe" | "sweep" | "80%"
+    result: StepResult
+    server_cpu: float
+    client_cpu: float
+    server: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def flag(self) -> str:
+        flags = []
+        if self.client_cpu >= BOUND:
+            flags.append("client-bound")
+        if self.server_cpu >= BOUND:
+            flags.append("server-bound")
+        if self.result.errors:
+            flags.append(f"{self.result.errors} errors")
+        if self.result.unfinished:
+            flags.append(f"{self.result.unfinished} unacked at end")
+        return ", ".join(flags)
+
+
+@dataclass
+class PayloadRun:
+    payload: int
+    probes: list[Step] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    consume: ConsumeResult | None = None
+    consume_server_cpu: float = 0.0
+
+    @property
+    def saturation(self) -> float:
+        """Median closed-loop throughput over the capacity rounds."""
+        return statistics.median(s.result.achieved for s in self.probes) if self.probes else 0.0
+
+    @property
+    def max_achieved(self) -> float:
+        return max((s.result.achieved for s in self.probes + self.steps), default=0.0)
+
+    @property
+    def equal(self) -> Step | None:
+        marked = [s for s in self.steps if s.kind == "equal"]
+        return marked[-1] if marked else None
+
+    @property
+    def at80(self) -> Step | None:
+        """The 80 % step with the median p99 (full mode repeats it three times)."""
+        marked = sorted((s for s in self.steps if s.kind == "80%"), key=lambda s: s.result.p99_ms)
+        return marked[(len(marked) - 1) // 2] if marked else None
+
+
+@dataclass(frozen=True)
+class System:
+    key: str
+    label: str
+    durability: str
+    start: Callable[[Path], tuple[Server, dict[str, Any], str]]
+    stats: Callable[[dict[str, Any]], dict[str, float]] | None = None
+    stats_delta: Callable[[dict[str, float], dict[str, float], float], dict[str, float]] | None = (
+        None
+    )
+
+
+@dataclass
+class SystemRun:
+    key: str
+    label: str
+    durability: str
+    version: str = ""
+    server_pid: int = 0
+    runs: dict[int, PayloadRun] = field(default_factory=dict)
+    error: str | None = None
+
+
+def _systems() -> list[System]:
+    """All systems, or those named in `BENCH_BROKER_SYSTEMS` (comma-separated keys)."""
+    from bench import _ours
+
+    every = [
+        System(
+            "ours",
+            "segment broker",
+            _ours.DURABILITY,
+            _ours.start_ours,
+            _ours.fsync_stats,
+            _ours.fsync_delta,
+        ),
+        System("nats", "NATS JetStream (publish_async)", NATS_DURABILITY, start_nats),
+        System("redis", "Redis Streams (pipelined XADD)", REDIS_DURABILITY, start_redis),
+    ]
+    optional = [
+        System(
+            "ours-msg",
+            "segment broker, SDK per-message send()",
+            _ours.DURABILITY,
+            _ours.start_ours,
+            _ours.fsync_stats,
+            _ours.fsync_delta,
+        )
+    ]
+    wanted = os.environ.get("BENCH_BROKER_SYSTEMS")
+    if not wanted:
+        return every
+    every += optional
+    keys = {k.strip() for k in wanted.split(",")}
+    return [s for s in every if s.key in keys]
+
+
+class _Runner:
+    """One system under test: its server, its load-generator process, its results."""
+
+    def __init__(
+        self, system: System, server: Server, pool: ProcessPoolExecutor, endpoint: dict[str, Any]
+    ) -> None:
+        self.system = system
+        self.server = server
+        self.pool = pool
+        self.endpoint = endpoint
+        self.out = SystemRun(system.key, system.label, system.durability, server_pid=server.pid)
+        self.profile_dir: Path | None = None
+        self.profiles: dict[int, Path] = {}
+
+    def _endpoint(self, payload: int) -> dict[str, Any]:
+        return {**self.endpoint, "run": payload}
+
+    def _check_alive(self) -> None:
+        if not self.server.alive():
+            raise RuntimeError(f"{self.system.key} server died:\n{self.server.log_tail()}")
+
+    def reset(self, payload: int) -> None:
+        self.pool.submit(_worker.reset, self.system.key, self._endpoint(payload)).result(120)
+        self.out.runs[payload] = PayloadRun(payload)
+
+    def produce(self, payload: int, rate: float | None, kind: str, mode: Mode) -> Step:
+        probe = rate is None
+        spec = StepSpec(
+            self.system.key,
+            self._endpoint(payload),
+            payload,
+            rate,
+            mode.probe if probe else mode.step,
+            mode.probe_warmup if probe else mode.step_warmup,
+            BATCH,
+            WINDOW,
+        )
+        stats, delta = self.system.stats, self.system.stats_delta
+        before = stats(self.endpoint) if stats else {}
+        spy = self._profiler(payload, kind, spec.duration)
+        c0, t0 = self.server.cpu(), time.monotonic()
+        result = self.pool.submit(_worker.produce, spec).result(spec.duration + spec.drain + 240)
+        if spy is not None:
+            spy.wait(60)
+        wall = max(1e-9, time.monotonic() - t0)
+        server_cpu = (self.server.cpu() - c0) / wall
+        client_cpu = result.client_cpu / result.wall if result.wall else 0.0
+        server = delta(before, stats(self.endpoint), wall) if stats and delta else {}
+        step = Step(kind, result, server_cpu, client_cpu, server)
+        run = self.out.runs[payload]
+        (run.probes if probe else run.steps).append(step)
+        offered = "closed loop" if probe else f"{rate:,.0f}/s"
+        print(
+            f"[bench]   {self.system.key:5} {payload:4} B {kind:5} {offered:>12}: "
+            f"{result.achieved:>9,.0f} msg/s  p50 {result.p50_ms:8.2f}  p99 {result.p99_ms:8.2f} ms"
+            f"  cpu srv {server_cpu:4.0%} cli {client_cpu:4.0%} {step.flag}",
+            flush=True,
+        )
+        self._check_alive()
+        if probe and result.acked == 0:
+            raise RuntimeError(f"nothing acknowledged in the probe ({result.first_error})")
+        return step
+
+    def _profiler(self, payload: int, kind: str, duration: float) -> subprocess.Popen[bytes] | None:
+        """py-spy on our server during the 80 % steps when `BENCH_PROFILE` is set."""
+        if not (os.environ.get("BENCH_PROFILE") and self.system.key == "ours" and kind == "80%"):
+            return None
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if not Path(spy).exists() or self.profile_dir is None:
+            print("[bench] BENCH_PROFILE: py-spy not found (pip install py-spy)", flush=True)
+            return None
+        self.profile_dir.mkdir(parents=True, exist_ok=True)
+        out = self.profile_dir / f"profile-ours-{payload}B.txt"
+        self.profiles[payload] = out
+        cmd = [
+            spy,
+            "record",
+            "-p",
+            str(self.server.pid),
+            "-d",
+            str(max(1, int(duration))),
+            "-r",
+            "200",
+            "-f",
+            "raw",
+            "-o",
+            str(out),
+            "--nonblocking",
+        ]
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def consume(self, payload: int, mode: Mode) -> None:
+        spec = ConsumeSpec(self.system.key, self._endpoint(payload), 1000, 50_000_000, mode.consume)
+        c0, t0 = self.server.cpu(), time.monotonic()
+        result = self.pool.submit(_worker.consume, spec).result(spec.duration + 120)
+        run = self.out.runs[payload]
+        run.consume = result
+        run.consume_server_cpu = (self.server.cpu() - c0) / max(1e-9, time.monotonic() - t0)
+        print(
+            f"[bench]   {self.system.key:5} {payload:4} B consume: {result.received:,} msgs in "
+            f"{result.seconds:.2f} s = {result.rate:,.0f} msg/s",
+            flush=True,
+        )
+        self._check_alive()
+
+
+def _disk_fsync_ms(directory: Path, seconds: float = 1.0) -> float:
+    """Median latency of a 64 KiB append + fdatasync here: the machine's durability cost now."""
+    path = directory / "fsync-probe.bin"
+    buf = os.urandom(64 * 1024)
+    samples: list[float] = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and len(samples) < 2000:
+            t0 = time.perf_counter()
+            os.write(fd, buf)
+            os.fdatasync(fd)
+            samples.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return statistics.median(samples) * 1000
+
+
+class _Bench:
+    def __init__(self, mode: Mode, pin: bool, profile_dir: Path | None = None) -> None:
+        self.mode = mode
+        self.pin = pin
+        self.profile_dir = profile_dir
+        self.live: list[_Runner] = []
+        self.all_runners: list[_Runner] = []
+        self.results: list[SystemRun] = []
+        self.errors: list[str] = []
+
+    def start(self, stack: contextlib.ExitStack) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        for system in _systems():
+            try:
+                tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
+                server, endpoint, version = system.start(tmp)
+                stack.callback(server.stop)
+                pool = stack.enter_context(
+                    ProcessPoolExecutor(
+                        1, mp_context=ctx, initializer=_worker.init, initargs=(self.pin,)
+                    )
+                )
+            except Exception as e:
+                self._failed(SystemRun(system.key, system.label, system.durability), e)
+                continue
+            runner = _Runner(system, server, pool, endpoint)
+            runner.profile_dir = self.profile_dir
+            runner.out.version = version
+            self.results.append(runner.out)
+            self.live.append(runner)
+            self.all_runners.append(runner)
+            print(f"[bench] {system.key}: {version}, pid {server.pid}, {endpoint}", flush=True)
+
+    def _failed(self, out: SystemRun, e: BaseException) -> None:
+        out.error = f"{type(e).__name__}: {e}"
+        if out not in self.results:
+            self.results.append(out)
+        self.errors.append(f"{out.key}: {traceback.format_exc()}")
+        print(f"[bench] {out.key} failed: {out.error}", flush=True)
+
+    def each(self, fn: Callable[[_Runner], object]) -> None:
+        """Apply `fn` to every live system in turn; a system that fails leaves the run."""
+        for runner in list(self.live):
+            try:
+                fn(runner)
+            except (Exception, asyncio.CancelledError) as e:
+                self.live.remove(runner)
+                self._failed(runner.out, e)
+
+    def run(self) -> None:
+        mode = self.mode
+        for payload in PAYLOADS:
+            self.each(functools.partial(_Runner.reset, payload=payload))
+        print("[bench] phase 1: capacity (closed loop)", flush=True)
+        for _ in range(mode.repeats):
+            for payload in PAYLOADS:
+                self.each(
+                    functools.partial(
+                        _Runner.produce, payload=payload, rate=None, kind="probe", mode=mode
+                    )
+                )
+        print("[bench] phase 2: latency (open loop)", flush=True)
+        for payload in PAYLOADS:
+            self.each(functools.partial(_latency_sweep, payload=payload, mode=mode))
+        if mode.equal_load > 0:
+            print("[bench] phase 2b: latency at equal offered load", flush=True)
+            for payload in PAYLOADS:
+                sats = [r.out.runs[payload].saturation for r in self.live if payload in r.out.runs]
+                if len(sats) < 2 or min(sats) <= 0:
+                    continue
+                rate = mode.equal_load * min(sats)
+                self.each(
+                    functools.partial(
+                        _Runner.produce, payload=payload, rate=rate, kind="equal", mode=mode
+                    )
+                )
+        print("[bench] phase 3: consume", flush=True)
+        for payload in PAYLOADS:
+            self.each(functools.partial(_Runner.consume, payload=payload, mode=mode))
+
+
+def _latency_sweep(r: _Runner, payload: int, mode: Mode) -> None:
+    """A fresh capacity probe, then open-loop steps at fractions of *that* capacity, 80 %
+    first: the disk and CPU of a shared machine drift within minutes, and the latency target
+    is about 80 % of the capacity the system has now. The probe also counts toward the median.
+    """
+    capacity = r.produce(payload, None, "probe", mode).result.achieved
+    for fraction in mode.fractions:
+        kind = "80%" if fraction == 0.8 else "sweep"
+        r.produce(payload, fraction * capacity, kind, mode)
+
+
+def _cell_ms(x: float) -> str:
+    return f"{x:.1f}" if x < 100 else f"{x:,.0f}"
+
+
+def _ms(x: float | None) -> Cell:
+    return None if x is None else round(x, 2)
+
+
+def _step_row(s: Step, payload: int) -> list[Cell]:
+    r = s.result
+    return [
+        s.kind,
+        "max" if r.offered is None else round(r.offered),
+        round(r.achieved),
+        round(r.achieved * payload / 1e6, 1),
+        _ms(r.p50_ms),
+        _ms(r.p99_ms),
+        _ms(r.p999_ms),
+        _ms(r.max_ms),
+        f"{s.server_cpu:.0%}",
+        f"{s.client_cpu:.0%}",
+        _ms(r.gen_lag_p99_ms),
+        s.flag or "-",
+    ]
+
+
+STEP_COLUMNS = [
+    "step",
+    "offered msg/s",
+    "achieved msg/s",
+    "MB/s",
+    "p50 ms",
+    "p99 ms",
+    "p99.9 ms",
+    "max ms",
+    "server CPU",
+    "client CPU",
+    "gen lag p99 ms",
+    "flag",
+]
+
+
+def _describe(section: Section, runs: list[SystemRun]) -> None:
+    summary: list[list[Cell]] = []
+    for sr in runs:
+        for payload, pr in sr.runs.items():
+            at80 = pr.at80
+            summary.append(
+                [
+                    sr.label,
+                    payload,
+                    round(pr.saturation),
+                    round(pr.saturation * payload / 1e6, 1),
+                    round(pr.max_achieved),
+                    _ms(at80.result.p50_ms) if at80 else None,
+                    _ms(at80.result.p99_ms) if at80 else None,
+                    _ms(at80.result.p999_ms) if at80 else None,
+                    (
+                        f"{_cell_ms(pr.equal.result.p99_ms)} @ {pr.equal.result.offered or 0:,.0f}"
+                        if pr.equal
+                        else None
+                    ),
+                    round(pr.consume.rate) if pr.consume else None,
+                ]
+            )
+            section.figure(
+                "saturation", pr.saturation, "msg/s", system=sr.key, payload=str(payload)
+            )
+            if pr.consume:
+                section.figure(
+                    "consume_throughput",
+                    pr.consume.rate,
+                    "msg/s",
+                    system=sr.key,
+                    payload=str(payload),
+                )
+            for s in pr.probes + pr.steps:
+                labels = {"system": sr.key, "payload": str(payload), "step": s.kind}
+                if s.result.offered:
+                    labels["offered"] = str(round(s.result.offered))
+                section.figure("produce_throughput", s.result.achieved, "msg/s", **labels)
+                section.figure("produce_p99", s.result.p99_ms, "ms", **labels)
+    section.table(
+        "Summary (saturation = median closed-loop throughput; latency in open loop at 80 % of "
+        "the throughput probed just before)",
+        [
+            "system",
+            "payload B",
+            "saturation msg/s",
+            "MB/s",
+            "max seen msg/s",
+            "p50 ms @80%",
+            "p99 ms @80%",
+            "p99.9 ms @80%",
+            "p99 ms @ equal load msg/s",
+            "consume msg/s",
+        ],
+        summary,
+    )
+    section.table(
+        "Durability of each system",
+        ["system", "version", "durability"],
+        [[sr.label, sr.version or "-", sr.durability] for sr in runs],
+    )
+    for sr in runs:
+        for payload, pr in sr.runs.items():
+            rows = [_step_row(s, payload) for s in pr.probes + pr.steps]
+            section.table(f"{sr.label}, {payload} B: produce", STEP_COLUMNS, rows)
+    commit: list[list[Cell]] = []
+    for sr in runs:
+        for payload, pr in sr.runs.items():
+            for s in pr.probes + pr.steps:
+                if not s.server:
+                    continue
+                commit.append(
+                    [
+                        f"{payload} B {s.kind}",
+                        round(s.result.achieved),
+                        round(s.server["fsyncPerSec"]),
+                        round(s.result.achieved / s.server["fsyncPerSec"])
+                        if s.server["fsyncPerSec"]
+                        else None,
+                        _ms(s.server["fsyncMeanMs"]),
+                        _ms(s.server["fsyncP99LeMs"]),
+                        f"{s.server['fsyncBusy']:.0%}",
+                        f"{s.server_cpu:.0%}",
+                        _ms(s.result.p99_ms),
+                    ]
+                )
+    if commit:
+        section.table(
+            "Segment broker: where the time goes (group commit per step from /metrics; a flush is "
+            "one write + fdatasync of everything staged, `segment_broker_fsync_seconds`)",
+            [
+                "step",
+                "msg/s",
+                "flushes/s",
+                "msgs per flush",
+                "flush mean ms",
+                "flush p99 <= ms",
+                "flush busy",
+                "server CPU",
+                "ack p99 ms",
+            ],
+            commit,
+        )
+
+
+def _profile_table(section: Section, path: Path, payload: int, top: int = 15) -> None:
+    """Self and inclusive shares of the hottest frames in a py-spy raw (collapsed) profile."""
+    if not path.exists():
+        return
+    leaf: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, n_text = line.rpartition(" ")
+        if not stack or not n_text.isdigit():
+            continue
+        n = int(n_text)
+        total += n
+        frames = stack.split(";")
+        leaf[frames[-1]] = leaf.get(frames[-1], 0) + n
+        for f in set(frames):
+            incl[f] = incl.get(f, 0) + n
+    if not total:
+        return
+    rows: list[list[Cell]] = [
+        [f"{n / total:.1%}", f"{incl[f] / total:.1%}", f]
+        for f, n in sorted(leaf.items(), key=lambda kv: -kv[1])[:top]
+    ]
+    section.table(
+        f"Segment broker profile at 80 % of saturation, {payload} B "
+        f"(py-spy, {total} samples, GIL-holding and I/O threads; raw stacks in {path.name})",
+        ["self", "inclusive", "frame"],
+        rows,
+    )
+
+
+def _metric(sr: SystemRun | None, payload: int, metric: str) -> float | None:
+    if sr is None or payload not in sr.runs:
+        return None
+    pr = sr.runs[payload]
+    if metric == "saturation":
+        return pr.saturation if pr.probes else None
+    return pr.consume.rate if pr.consume else None
+
+
+def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
+    by = {sr.key: sr for sr in runs}
+    ours = by.get("ours")
+    rows: list[list[Cell]] = []
+    for payload in PAYLOADS:
+        for metric in ("saturation", "consume"):
+            o = _metric(ours, payload, metric)
+            row: list[Cell] = [payload, f"{metric} msg/s", None if o is None else round(o)]
+            for peer in ("nats", "redis"):
+                p = _metric(by.get(peer), payload, metric)
+                row.append(None if p is None else round(p))
+                ratio = o / p if o is not None and p else None
+                row.append(None if ratio is None else f"{ratio:.2f}x")
+                if ratio is not None:
+                    section.figure(f"ratio_{metric}", ratio, "x", peer=peer, payload=str(payload))
+            rows.append(row)
+    section.tables.insert(
+        1,
+        Table(
+            "Ours / peer (same run, interleaved)",
+            [
+                "payload B",
+                "metric",
+                "segment broker",
+                "JetStream",
+                "ours/JetStream",
+                "Redis",
+                "ours/Redis",
+            ],
+            rows,
+        ),
+    )
+
+    kb = ours.runs.get(1024) if ours else None
+    for peer, name in (("nats", "JetStream publish_async"), ("redis", "Redis XADD")):
+        pr = by[peer].runs.get(1024) if peer in by else None
+        title = f">= {TARGET_RATIO:.0f}x {name} at 1 KB (saturation)"
+        if kb and kb.probes and pr and pr.probes and pr.saturation > 0:
+            ratio = kb.saturation / pr.saturation
+            section.target(
+                title,
+                ratio >= TARGET_RATIO,
+                f"{kb.saturation:,.0f} vs {pr.saturation:,.0f} msg/s = {ratio:.2f}x",
+                f">= {TARGET_RATIO:.1f}x",
+            )
+        else:
+            section.target(title, False, "not measured", f">= {TARGET_RATIO:.1f}x")
+    small = ours.runs.get(100) if ours else None
+    section.target(
+        ">= 150k msg/s at 100 B (saturation)",
+        bool(small and small.saturation >= TARGET_100B),
+        f"{small.saturation:,.0f} msg/s" if small and small.probes else "not measured",
+        f">= {TARGET_100B:,.0f} msg/s",
+    )
+    for payload in PAYLOADS:
+        pr = ours.runs.get(payload) if ours else None
+        at80 = pr.at80 if pr else None
+        section.target(
+            f"p99 <= {TARGET_P99_MS:.0f} ms at 80 % of saturation, {payload} B",
+            bool(at80 and at80.result.p99_ms <= TARGET_P99_MS),
+            f"p99 {at80.result.p99_ms:.2f} ms at {at80.result.achieved:,.0f} msg/s "
+            f"(offered {at80.result.offered or 0:,.0f})"
+            if at80
+            else "not measured",
+            f"<= {TARGET_P99_MS:.0f} ms",
+        )
+
+
+def run(report: Report, quick: bool) -> None:
+    section = report.section("broker", "Segment broker vs NATS JetStream vs Redis Streams")
+    mode = QUICK if quick else FULL
+    bench = _Bench(mode, can_pin(), report.out_dir)
+    disk: dict[str, float] = {}
+    load: dict[str, list[float]] = {"start": list(os.getloadavg())}
+    with contextlib.ExitStack() as stack:
+        probe_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-disk-")))
+        disk["start"] = _disk_fsync_ms(probe_dir)
+        bench.start(stack)
+        bench.run()
+        disk["end"] = _disk_fsync_ms(probe_dir)
+    load["end"] = list(os.getloadavg())
+
+    runs = bench.results
+    _describe(section, [sr for sr in runs if sr.runs])
+    for runner in bench.all_runners:
+        for payload, path in runner.profiles.items():
+            _profile_table(section, path, payload)
+    _ratios_and_targets(section, runs)
+    section.note(
+        f"Client: one Python process (uvloop) per system; batches of <= {BATCH} messages "
+        f"(ours: one entry; Redis: one pipeline; NATS: {BATCH} publish_async calls), <= {WINDOW} "
+        "messages in flight. Latency runs from the intended send time to the ack (open loop, "
+        "1 ms ticks; each tick's messages are recorded once with their count: +-0.5 ms)."
+    )
+    section.note(
+        "Pinning: "
+        + (
+            "servers on core 0, load generators on core 1."
+            if bench.pin
+            else "none (fewer than 2 usable cores)."
+        )
+        + f" CPU per step from /proc (server, all threads) and os.times (client); >= {BOUND:.0%}"
+        " of one core is flagged."
+    )
+    section.note(
+        f"Mode {'quick' if quick else 'full'}: {mode.repeats + 1} capacity probe(s) of "
+        f"{mode.probe:.0f} s ({mode.probe_warmup:.0f} s warm-up excluded), sweep steps of "
+        f"{mode.step:.0f} s ({mode.step_warmup:.0f} s warm-up), systems interleaved. The "
+        "anchors ask for >= 60 s runs and the median of 3; that does not fit the time budget, "
+        "so treat differences under ~15 % as noise."
+    )
+    section.note(
+        "Machine state: 64 KiB append+fdatasync median "
+        f"{disk['start']:.2f} ms at the start, {disk.get('end', float('nan')):.2f} ms at the end; "
+        "load average "
+        + " -> ".join("/".join(f"{x:.2f}" for x in v) for v in load.values())
+        + " (other work shares these 2 cores and this disk)."
+    )
+    section.data["systems"] = [
+        {
+            "key": sr.key,
+            "label": sr.label,
+            "durability": sr.durability,
+            "version": sr.version,
+            "serverPid": sr.server_pid,
+            "error": sr.error,
+            "runs": {
+                str(p): {
+                    "saturation": pr.saturation,
+                    "maxAchieved": pr.max_achieved,
+                    "steps": [
+                        {
+                            "kind": s.kind,
+                            "serverCpu": s.server_cpu,
+                            "clientCpu": s.client_cpu,
+                            "server": s.server,
+                            **asdict(s.result),
+                        }
+                        for s in pr.probes + pr.steps
+                    ],
+                    "consume": asdict(pr.consume) if pr.consume else None,
+                    "consumeServerCpu": pr.consume_server_cpu,
+                }
+                for p, pr in sr.runs.items()
+            },
+        }
+        for sr in runs
+    ]
+    section.data["client"] = {"batch": BATCH, "window": WINDOW, "pinned": bench.pin}
+    section.data["machine"] = {"fsync64kMs": disk, "loadAverage": load}
+    if bench.errors:
+        raise RuntimeError("some systems failed:\n" + "\n".join(bench.errors))

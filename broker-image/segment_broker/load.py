@@ -1,0 +1,476 @@
+"""Per-segment load accounting: rolling rates, threshold-gated reporting, load history.
+
+The hot path (`SegmentLoad.record_in` / `record_out`) only bumps counters. Everything else
+happens once per interval in `LoadTracker.tick`, which closes a 10 s bucket for every segment
+and derives the 60 s rolling rates from the last buckets. `LoadTracker.run` drives `tick` and
+fans the samples out to
+
+- a `LoadReporter` (the Kubernetes writer of `Segment.status.load`, usually wrapped in a
+  `ThresholdReporter` so that only moves of more than 25 % are written, as PIP-483 does),
+- a `HistoryWriter` (JSON lines read by the recommender; schema in `docs/load-history.md`),
+- the Prometheus gauges `segment_broker_{msg,bytes}_rate_{in,out}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from prometheus_client import REGISTRY, CollectorRegistry, Gauge
+
+__all__ = [
+    "HIST_BINS",
+    "HistoryWriter",
+    "LoadRecord",
+    "LoadReporter",
+    "LoadTracker",
+    "SegmentLoad",
+    "SegmentRates",
+    "ThresholdReporter",
+    "hist_bin",
+]
+
+log = logging.getLogger(__name__)
+
+HIST_BINS = 16
+"""Number of key-hash histogram bins per segment and interval."""
+
+SegmentKey = tuple[str, str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRates:
+    """Rolling per-second rates of one segment (the four PIP-483 load metrics)."""
+
+    msg_rate_in: float = 0.0
+    bytes_rate_in: float = 0.0
+    msg_rate_out: float = 0.0
+    bytes_rate_out: float = 0.0
+
+    def as_tuple(self) -> tuple[float, float, float, float]:
+        return (self.msg_rate_in, self.bytes_rate_in, self.msg_rate_out, self.bytes_rate_out)
+
+    def to_status(self) -> dict[str, float]:
+        """The camelCase form used in `Segment.status.load` and in the load history."""
+        return {
+            "msgRateIn": self.msg_rate_in,
+            "bytesRateIn": self.bytes_rate_in,
+            "msgRateOut": self.msg_rate_out,
+            "bytesRateOut": self.bytes_rate_out,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRecord:
+    """One segment's sample for one interval: the unit of reporting and of the history."""
+
+    ts: float
+    namespace: str
+    topic: str
+    segment_id: int
+    descriptor: str
+    range_start: int
+    range_end: int
+    rates: SegmentRates
+    messages_in: int
+    key_hist: tuple[int, ...]
+
+    def to_json(self) -> dict[str, object]:
+        """The history line (`docs/load-history.md`); field names are the contract."""
+        return {
+            "ts": self.ts,
+            "namespace": self.namespace,
+            "topic": self.topic,
+            "segmentId": self.segment_id,
+            "descriptor": self.descriptor,
+            "rangeStart": self.range_start,
+            "rangeEnd": self.range_end,
+            **self.rates.to_status(),
+            "messagesIn": self.messages_in,
+            "keyHist": list(self.key_hist),
+        }
+
+
+def hist_bin(hash_value: int, start: int, end: int) -> int | None:
+    """Histogram bin of a segment hash inside `[start, end]`, or None when outside the range.
+
+    Bin `i` covers `[start + i*size//16, start + (i+1)*size//16 - 1]` with
+    `size = end - start + 1`; bins are empty when the range is narrower than 16 hashes.
+    `(16*d + 15) // size` is the closed form of "the last bin whose lower bound is <= d".
+    """
+    d = hash_value - start
+    size = end - start + 1
+    if d < 0 or d >= size:
+        return None
+    return (HIST_BINS * d + HIST_BINS - 1) // size
+
+
+@dataclass(slots=True)
+class _Bucket:
+    start: float
+    end: float
+    msgs_in: int
+    bytes_in: int
+    msgs_out: int
+    bytes_out: int
+
+
+class SegmentLoad:
+    """Counters of one segment. `record_*` run on every durable entry / dispatch: O(1)."""
+
+    __slots__ = (
+        "_buckets",
+        "_bytes_in",
+        "_bytes_out",
+        "_hist",
+        "_msgs_in",
+        "_msgs_out",
+        "_open_since",
+        "_size",
+        "descriptor",
+        "namespace",
+        "range_end",
+        "range_start",
+        "segment_id",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        namespace: str,
+        topic: str,
+        segment_id: int,
+        descriptor: str,
+        hash_range: tuple[int, int],
+        *,
+        created_at: float,
+        buckets: int,
+    ) -> None:
+        start, end = hash_range
+        if not 0 <= start <= end <= 0xFFFF:
+            raise ValueError(f"invalid hash range {start:#x}-{end:#x}")
+        self.namespace = namespace
+        self.topic = topic
+        self.segment_id = segment_id
+        self.descriptor = descriptor
+        self.range_start = start
+        self.range_end = end
+        self._size = end - start + 1
+        self._msgs_in = 0
+        self._bytes_in = 0
+        self._msgs_out = 0
+        self._bytes_out = 0
+        self._hist = [0] * HIST_BINS
+        self._open_since = created_at
+        self._buckets: deque[_Bucket] = deque(maxlen=buckets)
+
+    def record_in(self, messages: int, nbytes: int, key_hash_sample: int | None) -> None:
+        """Count a durable entry of `messages` messages and `nbytes` payload bytes.
+
+        `key_hash_sample` is the segment hash (`raw >> 16`) of one key of the entry; it adds
+        `messages` to that hash's histogram bin. Samples outside the segment's range (which a
+        correct producer never sends) and unkeyed entries (None) are not binned.
+        """
+        self._msgs_in += messages
+        self._bytes_in += nbytes
+        if key_hash_sample is not None:
+            d = key_hash_sample - self.range_start
+            if 0 <= d < self._size:
+                self._hist[(HIST_BINS * d + HIST_BINS - 1) // self._size] += messages
+
+    def record_out(self, messages: int, nbytes: int) -> None:
+        """Count `messages` messages of `nbytes` bytes dispatched to consumers."""
+        self._msgs_out += messages
+        self._bytes_out += nbytes
+
+    def close_bucket(self, now: float) -> tuple[SegmentRates, int, tuple[int, ...]]:
+        """Close the open bucket at `now`; return the rolling rates, its count and histogram.
+
+        The rates are the sums over the retained buckets (the last `window / interval` ones)
+        divided by the time they span, so a young segment is not diluted by time it did not
+        exist, and a late tick stretches the window rather than inflating the rate.
+        """
+        end = max(now, self._open_since)
+        bucket = _Bucket(
+            self._open_since, end, self._msgs_in, self._bytes_in, self._msgs_out, self._bytes_out
+        )
+        hist = tuple(self._hist)
+        self._buckets.append(bucket)
+        self._open_since = end
+        self._msgs_in = self._bytes_in = self._msgs_out = self._bytes_out = 0
+        self._hist = [0] * HIST_BINS
+        span = end - self._buckets[0].start
+        if span <= 0:
+            return SegmentRates(), bucket.msgs_in, hist
+        msgs_in = bytes_in = msgs_out = bytes_out = 0
+        for b in self._buckets:
+            msgs_in += b.msgs_in
+            bytes_in += b.bytes_in
+            msgs_out += b.msgs_out
+            bytes_out += b.bytes_out
+        rates = SegmentRates(msgs_in / span, bytes_in / span, msgs_out / span, bytes_out / span)
+        return rates, bucket.msgs_in, hist
+
+
+class LoadReporter(Protocol):
+    """Where a segment's rates go (the operator's writer patches `Segment.status.load`)."""
+
+    async def write(
+        self, namespace: str, topic: str, segment_id: int, rates: SegmentRates
+    ) -> None: ...
+
+
+@runtime_checkable
+class ForgettingReporter(Protocol):
+    """A reporter that keeps per-segment state and can drop it when the segment goes away."""
+
+    def forget(self, namespace: str, topic: str, segment_id: int) -> None: ...
+
+
+class ThresholdReporter:
+    """Forwards a segment's rates only when they moved by more than `threshold` (25 %).
+
+    Rule, per segment, against the rates of the last *successful* forwarded write:
+
+    - the first sample of a segment is always forwarded;
+    - a sample is forwarded when any of the four rates satisfies `|new - old| > threshold * old`;
+    - hence zero -> non-zero (any positive amount) and non-zero -> zero always count as a move,
+      and zero -> zero never does.
+
+    A stable load is deliberately *not* re-written periodically: the controller's merge rule
+    needs the sample's modification time to age past `mergeWindow`. A failed inner write
+    propagates and leaves the reference unchanged, so the next tick retries.
+    """
+
+    def __init__(self, inner: LoadReporter, threshold: float = 0.25) -> None:
+        if threshold < 0:
+            raise ValueError("threshold must be >= 0")
+        self.inner = inner
+        self.threshold = threshold
+        self._last: dict[SegmentKey, SegmentRates] = {}
+
+    def moved(self, old: SegmentRates | None, new: SegmentRates) -> bool:
+        if old is None:
+            return True
+        return any(
+            abs(n - o) > self.threshold * o
+            for o, n in zip(old.as_tuple(), new.as_tuple(), strict=True)
+        )
+
+    async def write(self, namespace: str, topic: str, segment_id: int, rates: SegmentRates) -> None:
+        key = (namespace, topic, segment_id)
+        if not self.moved(self._last.get(key), rates):
+            return
+        await self.inner.write(namespace, topic, segment_id, rates)
+        self._last[key] = rates
+
+    def forget(self, namespace: str, topic: str, segment_id: int) -> None:
+        self._last.pop((namespace, topic, segment_id), None)
+        if isinstance(self.inner, ForgettingReporter):
+            self.inner.forget(namespace, topic, segment_id)
+
+
+def _default_broker_id() -> str:
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+class HistoryWriter:
+    """Appends load records as JSON lines under `root/dt=YYYY-MM-DD/hour=HH/<broker-id>.jsonl`.
+
+    The partition is the UTC date and hour of each record's `ts`. One file per broker and hour
+    keeps writers independent (no cross-broker locking on a shared volume); lines are written
+    with one `write` per file per interval so a reader sees whole lines in practice. The
+    history is telemetry, not data: it is not fsynced.
+    """
+
+    def __init__(self, root: Path, *, broker_id: str | None = None) -> None:
+        self.root = Path(root)
+        self.broker_id = broker_id or _default_broker_id()
+        if not self.broker_id or "/" in self.broker_id:
+            raise ValueError(f"invalid broker id {self.broker_id!r}")
+
+    def path_for(self, ts: float) -> Path:
+        t = datetime.fromtimestamp(ts, tz=UTC)
+        return self.root / f"dt={t:%Y-%m-%d}" / f"hour={t:%H}" / f"{self.broker_id}.jsonl"
+
+    def write(self, records: Iterable[LoadRecord]) -> None:
+        by_path: dict[Path, list[str]] = {}
+        for r in records:
+            line = json.dumps(r.to_json(), separators=(",", ":"))
+            by_path.setdefault(self.path_for(r.ts), []).append(line + "\n")
+        for path, lines in by_path.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as f:
+                f.write("".join(lines))
+
+
+_GAUGE_SPECS = (
+    ("segment_broker_msg_rate_in", "Messages per second written to the segment (60 s window)"),
+    ("segment_broker_bytes_rate_in", "Bytes per second written to the segment (60 s window)"),
+    ("segment_broker_msg_rate_out", "Messages per second dispatched from the segment (60 s)"),
+    ("segment_broker_bytes_rate_out", "Bytes per second dispatched from the segment (60 s)"),
+)
+_LABELS = ("namespace", "topic", "segment")
+_gauges_by_registry: weakref.WeakKeyDictionary[
+    CollectorRegistry, tuple[Gauge, Gauge, Gauge, Gauge]
+] = weakref.WeakKeyDictionary()
+
+
+def _gauges(registry: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge, Gauge]:
+    """One gauge family set per registry: several trackers may share the process registry."""
+    found = _gauges_by_registry.get(registry)
+    if found is None:
+        g = [Gauge(name, doc, _LABELS, registry=registry) for name, doc in _GAUGE_SPECS]
+        found = (g[0], g[1], g[2], g[3])
+        _gauges_by_registry[registry] = found
+    return found
+
+
+class LoadTracker:
+    """Owns the `SegmentLoad`s of a broker and samples them every `interval` seconds."""
+
+    def __init__(
+        self,
+        reporter: LoadReporter,
+        history: HistoryWriter | None,
+        *,
+        clock: Callable[[], float] = time.time,
+        window: float = 60.0,
+        interval: float = 10.0,
+        registry: CollectorRegistry = REGISTRY,
+    ) -> None:
+        if interval <= 0 or window < interval:
+            raise ValueError("need 0 < interval <= window")
+        self.reporter = reporter
+        self.history = history
+        self.clock = clock
+        self.window = window
+        self.interval = interval
+        self._buckets = max(1, round(window / interval))
+        self._segments: dict[SegmentKey, SegmentLoad] = {}
+        self._gauges = _gauges(registry)
+
+    def segment(
+        self,
+        namespace: str,
+        topic: str,
+        segment_id: int,
+        descriptor: str,
+        hash_range: tuple[int, int],
+    ) -> SegmentLoad:
+        """The load of a segment, created on first use (idempotent for the same segment)."""
+        key = (namespace, topic, segment_id)
+        found = self._segments.get(key)
+        if found is None:
+            found = SegmentLoad(
+                namespace,
+                topic,
+                segment_id,
+                descriptor,
+                hash_range,
+                created_at=self.clock(),
+                buckets=self._buckets,
+            )
+            self._segments[key] = found
+        return found
+
+    def remove(self, namespace: str, topic: str, segment_id: int) -> None:
+        """Stop tracking a deleted segment and drop its gauge series and reporter state."""
+        if self._segments.pop((namespace, topic, segment_id), None) is None:
+            return
+        for g in self._gauges:
+            with contextlib.suppress(KeyError):
+                g.remove(namespace, topic, str(segment_id))
+        if isinstance(self.reporter, ForgettingReporter):
+            self.reporter.forget(namespace, topic, segment_id)
+
+    def __len__(self) -> int:
+        return len(self._segments)
+
+    def tick(self, now: float) -> list[LoadRecord]:
+        """Close every segment's bucket at `now` and return one record per segment."""
+        out = []
+        for seg in self._segments.values():
+            rates, messages_in, hist = seg.close_bucket(now)
+            out.append(
+                LoadRecord(
+                    ts=now,
+                    namespace=seg.namespace,
+                    topic=seg.topic,
+                    segment_id=seg.segment_id,
+                    descriptor=seg.descriptor,
+                    range_start=seg.range_start,
+                    range_end=seg.range_end,
+                    rates=rates,
+                    messages_in=messages_in,
+                    key_hist=hist,
+                )
+            )
+        return out
+
+    def export(self, records: Iterable[LoadRecord]) -> None:
+        """Set the Prometheus gauges from the records."""
+        for r in records:
+            labels = (r.namespace, r.topic, str(r.segment_id))
+            for g, v in zip(self._gauges, r.rates.as_tuple(), strict=True):
+                g.labels(*labels).set(v)
+
+    async def publish(self, records: list[LoadRecord]) -> None:
+        """Export gauges, append the history (in a thread) and report every segment.
+
+        A failing history write or reporter write is logged and does not stop the others: the
+        next interval brings a fresh sample anyway.
+        """
+        self.export(records)
+        if self.history is not None and records:
+            try:
+                await asyncio.to_thread(self.history.write, records)
+            except OSError:
+                log.exception("load history write failed")
+        for r in records:
+            if (r.namespace, r.topic, r.segment_id) not in self._segments:
+                continue  # removed while the previous writes were in flight
+            try:
+                await self.reporter.write(r.namespace, r.topic, r.segment_id, r.rates)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("load report for %s/%s/%d failed", r.namespace, r.topic, r.segment_id)
+
+    async def step(self) -> list[LoadRecord]:
+        """One sampling step at `clock()`: tick, then publish."""
+        records = self.tick(self.clock())
+        await self.publish(records)
+        return records
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sample every `interval` seconds until `stop` is set.
+
+        Deadlines advance on a fixed grid from the start, so a slow step does not drift the
+        cadence; a step that overran a whole interval skips the missed deadlines.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.interval
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=max(0.0, deadline - loop.time()))
+                return
+            except TimeoutError:
+                pass
+            await self.step()
+            deadline += self.interval
+            now = loop.time()
+            if deadline <= now:
+                deadline = now + self.interval
