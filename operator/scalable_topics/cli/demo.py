@@ -30,6 +30,7 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 
 from ..core.resources import GROUP, TOPIC_PLURAL, VERSION
+from ..kubeapi import api_client
 from .topics import dag_text
 
 NAMESPACE = "default"
@@ -182,7 +183,7 @@ class Demo:
         self.say(f"starting the embedded control plane in {self.data_dir}")
         async with LocalCluster(self.data_dir, kubelet=True) as cluster:
             self.kubeconfig = Path(cluster.kubeconfig)
-            api = k8s.ApiClient(await _configuration(self.kubeconfig))
+            api = await api_client(str(self.kubeconfig))
             try:
                 return await self._show(api)
             finally:
@@ -276,16 +277,6 @@ async def _truthy(value: Awaitable[str]) -> bool:
 
 async def _changed(value: Awaitable[int], start: int) -> bool:
     return await value != start
-
-
-async def _configuration(kubeconfig: Path) -> k8s.Configuration:
-    from kubernetes_asyncio import config as k8s_config
-
-    configuration = k8s.Configuration()
-    await k8s_config.load_kube_config(
-        config_file=str(kubeconfig), client_configuration=configuration
-    )
-    return configuration
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

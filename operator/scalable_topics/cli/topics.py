@@ -16,13 +16,13 @@ import uuid
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..core.dagview import render_dag
 from ..core.layout import SegmentLayout
 from ..core.resources import ANNOTATION_REQUEST, GROUP, LABEL_TOPIC, SEGMENT_PLURAL, TOPIC_PLURAL
 from ..core.resources import VERSION as API_VERSION
+from ..kubeapi import KubeconfigError, api_client
 from .progress import Progress
 
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
@@ -33,16 +33,10 @@ class CliError(Exception):
 
 
 async def _api(kubeconfig: str | None) -> k8s.ApiClient:
-    configuration = k8s.Configuration()
     try:
-        await k8s_config.load_kube_config(
-            config_file=kubeconfig, client_configuration=configuration
-        )
-    except (k8s_config.ConfigException, FileNotFoundError, TypeError) as exc:
-        raise CliError(
-            f"no usable kubeconfig ({exc}); pass --kubeconfig or set KUBECONFIG"
-        ) from None
-    return k8s.ApiClient(configuration)
+        return await api_client(kubeconfig)
+    except KubeconfigError as exc:
+        raise CliError(str(exc)) from None
 
 
 async def _topic(custom: k8s.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any]:
