@@ -1,0 +1,103 @@
+"""``python -m segment_broker`` / ``segment-broker``: run one broker process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+from aiohttp import web
+
+from .config import BrokerConfig, parse_config
+from .load import HistoryWriter, LoadReporter, LoadTracker, SegmentRates, ThresholdReporter
+from .metrics import BrokerMetrics
+from .server import Broker
+
+log = logging.getLogger("segment_broker")
+
+
+class _NoReporter:
+    """``--load-reporter none``: rates still reach the history and the Prometheus gauges."""
+
+    async def write(self, namespace: str, topic: str, segment_id: int, rates: SegmentRates) -> None:
+        return None
+
+
+async def _reporter(config: BrokerConfig) -> tuple[LoadReporter, Callable[[], Awaitable[None]]]:
+    """The load reporter and how to close it."""
+    if config.load_reporter == "kubernetes":
+        from .k8s_reporter import KubernetesLoadReporter
+
+        k8s = await KubernetesLoadReporter.connect(config.kubeconfig)
+        return ThresholdReporter(k8s), k8s.close
+
+    async def nothing() -> None:
+        return None
+
+    return _NoReporter(), nothing
+
+
+async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
+    metrics = BrokerMetrics()
+    history = HistoryWriter(Path(config.load_history_dir)) if config.load_history_dir else None
+    reporter, close_reporter = await _reporter(config)
+    tracker = LoadTracker(
+        reporter,
+        history,
+        interval=config.load_interval_s,
+        window=max(60.0, config.load_interval_s),
+        registry=metrics.registry,
+    )
+    broker = Broker(config, metrics=metrics, tracker=tracker)
+    runner = web.AppRunner(broker.make_app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    await site.start()
+    log.info("listening on %s:%d (fsync=%s)", config.host, config.port, config.fsync)
+    await broker.start()
+    log.info("ready: %d segments", len(broker.store.segments))
+    load_task = asyncio.get_running_loop().create_task(tracker.run(stop))
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await broker.stop()
+        await runner.cleanup()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(load_task, 5.0)
+        await close_reporter()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_config(argv)
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(config, stop)
+
+    if config.uvloop:
+        try:
+            import uvloop
+
+            uvloop.run(run())
+            return 0
+        except ImportError:
+            log.info("uvloop not installed; using asyncio")
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

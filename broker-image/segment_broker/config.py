@@ -1,0 +1,139 @@
+"""Typed broker settings from the command line and ``SEGMENT_BROKER_*`` environment variables
+(command line wins)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Literal
+
+FsyncMode = Literal["always", "interval"]
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    data_dir: str
+    host: str = "127.0.0.1"
+    port: int = 8080
+    fsync: FsyncMode = "always"
+    fsync_interval_ms: int = 50
+    roll_bytes: int = 64 * 1024 * 1024
+    cache_bytes: int = 256 * 1024 * 1024
+    cursor_flush_ms: int = 100
+    max_inflight_bytes: int = 8 * 1024 * 1024
+    max_frame_bytes: int = 32 * 1024 * 1024
+    admin_token_file: str | None = None
+    load_history_dir: str | None = None
+    load_interval_s: float = 10.0
+    load_reporter: str = "none"
+    kubeconfig: str | None = None
+    uvloop: bool = True
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if self.fsync not in ("always", "interval"):
+            raise ValueError("fsync must be 'always' or 'interval'")
+        for name in (
+            "fsync_interval_ms",
+            "roll_bytes",
+            "cache_bytes",
+            "cursor_flush_ms",
+            "max_inflight_bytes",
+            "max_frame_bytes",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.load_reporter not in ("none", "kubernetes"):
+            raise ValueError("load_reporter must be 'none' or 'kubernetes'")
+        if not 0 <= self.port <= 65535:
+            raise ValueError("port must be within 0..65535")
+
+
+_HELP = {
+    "data_dir": "directory holding the segment logs (required)",
+    "host": "listen address",
+    "port": "listen port",
+    "fsync": "'always': ack after fdatasync (group commit, default); "
+    "'interval': ack after write, fdatasync every --fsync-interval-ms (weaker)",
+    "fsync_interval_ms": "fsync period in 'interval' mode",
+    "roll_bytes": "log file size at which a new file is started",
+    "cache_bytes": "memory for recent entries (tailing consumers read them without disk "
+    "reads), shared evenly by the hosted segments (at least 1 MiB each)",
+    "cursor_flush_ms": "how often changed cursors are persisted",
+    "max_inflight_bytes": "per producer connection: unacknowledged bytes before reading pauses",
+    "max_frame_bytes": "largest WebSocket frame accepted",
+    "admin_token_file": "file with the bearer token required on /admin routes",
+    "load_history_dir": "where the load history (JSON lines) is written; none when unset",
+    "load_interval_s": "load sampling interval",
+    "load_reporter": "'kubernetes': patch Segment.status.load when a rate moves by more than "
+    "25 %% (in-cluster config, else --kubeconfig); 'none' (default)",
+    "kubeconfig": "kubeconfig for --load-reporter kubernetes outside a cluster",
+    "uvloop": "use uvloop when installed",
+    "log_level": "logging level",
+}
+
+
+def parse_config(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> BrokerConfig:
+    env = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(prog="segment-broker", description="Scalable Topics broker")
+    for f in fields(BrokerConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "uvloop":
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=None, help=_HELP[f.name]
+            )
+            continue
+        kind: type = {
+            "port": int,
+            "fsync_interval_ms": int,
+            "roll_bytes": int,
+            "cache_bytes": int,
+            "cursor_flush_ms": int,
+            "max_inflight_bytes": int,
+            "max_frame_bytes": int,
+            "load_interval_s": float,
+        }.get(f.name, str)
+        kwargs: dict[str, object] = {"type": kind, "default": None, "help": _HELP[f.name]}
+        if f.name == "fsync":
+            kwargs["choices"] = ["always", "interval"]
+        if f.name == "load_reporter":
+            kwargs["choices"] = ["none", "kubernetes"]
+        parser.add_argument(flag, **kwargs)  # type: ignore[arg-type]
+    ns = parser.parse_args(argv)
+    values: dict[str, object] = {}
+    for f in fields(BrokerConfig):
+        cli = getattr(ns, f.name)
+        raw = env.get("SEGMENT_BROKER_" + f.name.upper())
+        if cli is not None:
+            values[f.name] = cli
+        elif raw is not None and raw != "":
+            values[f.name] = _coerce(f.name, raw)
+    if "data_dir" not in values:
+        parser.error("--data-dir (or SEGMENT_BROKER_DATA_DIR) is required")
+    try:
+        return BrokerConfig(**values)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+        raise
+
+
+def _coerce(name: str, raw: str) -> object:
+    if name == "uvloop":
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if name == "load_interval_s":
+        return float(raw)
+    if name in (
+        "port",
+        "fsync_interval_ms",
+        "roll_bytes",
+        "cache_bytes",
+        "cursor_flush_ms",
+        "max_inflight_bytes",
+        "max_frame_bytes",
+    ):
+        return int(raw)
+    return raw

@@ -1,0 +1,135 @@
+"""Prometheus metrics of the segment broker.
+
+Hot-path counters (entries, messages and bytes in and out) are plain integers on each segment
+and are turned into metric families only when ``/metrics`` is scraped (a custom collector), so
+producing and dispatching never touch a prometheus-client lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .store import HostedSegment
+
+_SEG_LABELS = ["namespace", "topic", "segment"]
+
+FSYNC_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+)
+
+
+class _SegmentCollector(Collector):
+    def __init__(self, segments: Callable[[], Iterable[HostedSegment]]) -> None:
+        self._segments = segments
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        backlog = GaugeMetricFamily(
+            "segment_broker_backlog_entries",
+            "Entries written and not acknowledged, per subscription",
+            labels=[*_SEG_LABELS, "subscription"],
+        )
+        in_flight = GaugeMetricFamily(
+            "segment_broker_entries_in_flight",
+            "Entries staged and not yet durable (waiting for the group commit)",
+            labels=_SEG_LABELS,
+        )
+        sealed = GaugeMetricFamily(
+            "segment_broker_segment_sealed", "1 when the segment is sealed", labels=_SEG_LABELS
+        )
+        last = GaugeMetricFamily(
+            "segment_broker_last_position", "Last durable position", labels=_SEG_LABELS
+        )
+        log_bytes = GaugeMetricFamily(
+            "segment_broker_log_bytes", "Bytes in the segment's log files", labels=_SEG_LABELS
+        )
+        counters = {
+            name: CounterMetricFamily(f"segment_broker_{name}", doc, labels=_SEG_LABELS)
+            for name, doc in (
+                ("produced_entries", "Entries made durable"),
+                ("produced_messages", "Messages in entries made durable"),
+                ("produced_bytes", "Entry bytes made durable"),
+                ("consumed_entries", "Entries dispatched to consumers (redeliveries included)"),
+                ("consumed_messages", "Messages dispatched to consumers"),
+                ("consumed_bytes", "Entry bytes dispatched to consumers"),
+                ("duplicate_entries", "Entries refused as producer duplicates (acked again)"),
+                ("fsyncs", "fdatasync calls of the segment's log"),
+            )
+        }
+        for hosted in self._segments():
+            seg = hosted.segment
+            meta = seg.meta
+            labels = [meta.namespace, meta.topic, str(meta.segment_id)]
+            for name, disp in hosted.dispatchers.items():
+                backlog.add_metric([*labels, name], seg.backlog(disp.cursor))
+            in_flight.add_metric(labels, seg.in_flight)
+            sealed.add_metric(labels, 1 if seg.sealed else 0)
+            last.add_metric(labels, seg.visible_position)
+            log_bytes.add_metric(labels, seg.log.total_bytes)
+            for name, value in (
+                ("produced_entries", seg.entries_in),
+                ("produced_messages", seg.messages_in),
+                ("produced_bytes", seg.bytes_in),
+                ("consumed_entries", seg.entries_out),
+                ("consumed_messages", seg.messages_out),
+                ("consumed_bytes", seg.bytes_out),
+                ("duplicate_entries", seg.duplicates),
+                ("fsyncs", seg.fsyncs),
+            ):
+                counters[name].add_metric(labels, value)
+        yield backlog
+        yield in_flight
+        yield sealed
+        yield last
+        yield log_bytes
+        yield from counters.values()
+
+
+class BrokerMetrics:
+    """All metrics of one broker, in their own registry (several brokers can share a process
+    in tests)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.fsync_seconds = Histogram(
+            "segment_broker_fsync_seconds",
+            "Duration of one group-commit write + fdatasync",
+            buckets=FSYNC_BUCKETS,
+            registry=self.registry,
+        )
+        self.protocol_errors = Counter(
+            "segment_broker_protocol_errors_total",
+            "Connections closed for a protocol violation, by kind",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.torn_tail_truncations = Counter(
+            "segment_broker_torn_tail_truncations_total",
+            "Log files truncated at recovery because their tail was torn or corrupt",
+            registry=self.registry,
+        )
+        self.connections = Counter(
+            "segment_broker_connections_total",
+            "WebSocket connections accepted, by role",
+            ["role"],
+            registry=self.registry,
+        )
+
+    def watch_segments(self, segments: Callable[[], Iterable[HostedSegment]]) -> None:
+        self.registry.register(_SegmentCollector(segments))

@@ -1,0 +1,715 @@
+"""One segment: its log, cursors, seal state, producer deduplication and group commit.
+
+Directory layout (``<data-dir>/<namespace>/<topic>/<descriptor>/``)::
+
+    segment.json          identity and settings (written once, atomically)
+    log-<base>.log/.idx   the log (see storage.log)
+    dedup-<base>.json     producer dedup table for positions below <base>, written at each roll
+    cursors/<sub>.json    one cursor per subscription
+    sealed.json           the termination marker (lastPosition, successors)
+
+Group commit: :meth:`Segment.append` stages an entry in memory and wakes the flush task; the
+flush task writes everything staged since the previous flush with one ``write`` and one
+``fdatasync`` in a worker thread, then advances ``visible_position`` and calls the durability
+listeners (producer connections send their acks, dispatchers push to consumers). With
+``fsync="interval"`` the flush writes without syncing and acknowledges at once; a timer syncs
+every ``fsync_interval_ms`` (an explicit, weaker option: a machine crash loses the last interval).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import re
+import shutil
+import struct
+import threading
+import time
+from array import array
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from scalable_topics.core.layout import HashRange, SegmentInfo, descriptor
+from scalable_topics.core.wire import ENTRY_HEADER_SIZE, EntryHeader
+
+from .cursor import Cursor, SubscriptionType
+from .fsutil import atomic_write_json, fsync_dir, read_json
+from .log import RecoveryReport, SegmentLog, scan_records
+
+log = logging.getLogger(__name__)
+
+FsyncMode = Literal["always", "interval"]
+SUBSCRIPTION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_DEDUP_NAME = re.compile(r"^dedup-(\d{20})\.json$")
+_MSG_COUNT = struct.Struct("<I")
+_OFF_MSG_COUNT = 18
+_RECENT_PER_PRODUCER = 4096
+
+
+class SegmentSealedError(Exception):
+    """Appending to a sealed segment. ``seal`` is None while the seal is being made durable
+    (wait for ``Segment.sealed_event``)."""
+
+    def __init__(self, seal: SealInfo | None) -> None:
+        super().__init__("segment is sealed")
+        self.seal = seal
+
+
+class SegmentGoneError(Exception):
+    """The segment was deleted or the broker is shutting down."""
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    fsync: FsyncMode = "always"
+    fsync_interval_ms: int = 50
+    roll_bytes: int = 64 * 1024 * 1024
+    index_interval: int = 64 * 1024
+    cache_bytes: int = 16 * 1024 * 1024
+    cursor_flush_ms: int = 100
+
+
+@dataclass(frozen=True)
+class Retention:
+    time_ms: int | None = None
+    size_bytes: int | None = None
+
+    def to_json(self) -> dict[str, int | None]:
+        return {"timeMs": self.time_ms, "sizeBytes": self.size_bytes}
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any] | None) -> Retention:
+        body = body or {}
+        t = body.get("timeMs")
+        s = body.get("sizeBytes")
+        for name, v in (("timeMs", t), ("sizeBytes", s)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise ValueError(f"retention.{name} must be a non-negative integer")
+        return cls(time_ms=t, size_bytes=s)
+
+
+@dataclass(frozen=True)
+class SegmentMeta:
+    namespace: str
+    topic: str
+    segment_id: int
+    range_start: int
+    range_end: int
+    buckets: int
+    created_at: float
+    retention: Retention = field(default_factory=Retention)
+
+    @property
+    def descriptor(self) -> str:
+        """``%04x-%04x-%d``: the segment's directory name (DESIGN §3)."""
+        return descriptor(SegmentInfo(self.segment_id, HashRange(self.range_start, self.range_end)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "topic": self.topic,
+            "segmentId": self.segment_id,
+            "range": {"start": self.range_start, "end": self.range_end},
+            "buckets": self.buckets,
+            "createdAt": self.created_at,
+            "retention": self.retention.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> SegmentMeta:
+        return cls(
+            namespace=str(body["namespace"]),
+            topic=str(body["topic"]),
+            segment_id=int(body["segmentId"]),
+            range_start=int(body["range"]["start"]),
+            range_end=int(body["range"]["end"]),
+            buckets=int(body["buckets"]),
+            created_at=float(body["createdAt"]),
+            retention=Retention.from_json(body.get("retention")),
+        )
+
+
+@dataclass(frozen=True)
+class SealInfo:
+    last_position: int
+    successors: list[dict[str, Any]]
+    sealed_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lastPosition": self.last_position,
+            "successors": self.successors,
+            "sealedAt": self.sealed_at,
+        }
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> SealInfo:
+        return cls(
+            last_position=int(body["lastPosition"]),
+            successors=list(body.get("successors", [])),
+            sealed_at=float(body.get("sealedAt", 0.0)),
+        )
+
+
+class ProducerState:
+    """Last sequence id of one producer plus its recent ``(sequence id, position)`` pairs, so a
+    retried entry is answered with its original position. Kept in compact arrays: a segment
+    may see many producers."""
+
+    __slots__ = ("last_seq", "positions", "seqs")
+
+    def __init__(self, last_seq: int = -1) -> None:
+        self.last_seq = last_seq
+        self.seqs = array("q")
+        self.positions = array("q")
+
+    def record(self, seq: int, position: int) -> None:
+        self.last_seq = seq
+        self.seqs.append(seq)
+        self.positions.append(position)
+        if len(self.seqs) > 2 * _RECENT_PER_PRODUCER:
+            del self.seqs[:_RECENT_PER_PRODUCER]
+            del self.positions[:_RECENT_PER_PRODUCER]
+
+    def lookup(self, seq: int) -> int:
+        i = bisect.bisect_left(self.seqs, seq)
+        if i < len(self.seqs) and self.seqs[i] == seq:
+            return self.positions[i]
+        return -1
+
+    def last_below(self, base: int) -> tuple[int, int] | None:
+        """``(seq, position)`` of this producer's last entry below position ``base``."""
+        i = bisect.bisect_left(self.positions, base) - 1
+        if i >= 0:
+            return self.seqs[i], self.positions[i]
+        return None
+
+
+DurableListener = Callable[[int], None]
+
+
+class Segment:
+    """A hosted segment. All methods run on the event loop; blocking I/O goes to ``executor``."""
+
+    def __init__(
+        self,
+        directory: Path,
+        meta: SegmentMeta,
+        settings: StorageSettings,
+        executor: Executor,
+        *,
+        on_fsync: Callable[[float], None] | None = None,
+        on_durable_entries: Callable[[list[tuple[int, int, int | None]]], None] | None = None,
+    ) -> None:
+        self.directory = directory
+        self.meta = meta
+        self.settings = settings
+        self.executor = executor
+        self.log = SegmentLog(
+            directory, roll_bytes=settings.roll_bytes, index_interval=settings.index_interval
+        )
+        self.cursors: dict[str, Cursor] = {}
+        self._cursor_io = threading.Lock()
+        """Serialises cursor file writes: a cancelled persist task's thread may still run."""
+        self.seal: SealInfo | None = None
+        self.sealing = False
+        self.failed = False
+        """A log write failed: nothing more is accepted or acknowledged; connections close."""
+        self.sealed_event = asyncio.Event()
+        self._terminating: asyncio.Future[SealInfo] | None = None
+        self.closed = False
+        self.producers: dict[str, ProducerState] = {}
+        self.visible_position = -1
+        """Last position that producers have been acknowledged for and consumers may read."""
+        self.listeners: set[DurableListener] = set()
+        self.seal_listeners: set[Callable[[], None]] = set()
+        self.on_fsync = on_fsync
+        self.on_durable_entries = on_durable_entries
+        self._wake = asyncio.Event()
+        self._flush_idle = asyncio.Event()
+        self._flush_idle.set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pending_load: list[tuple[int, int, int | None]] = []
+        self._cache: list[bytes | memoryview] = []
+        self._cache_base = 0
+        self._cache_bytes = 0
+        self.cache_limit = settings.cache_bytes
+        """Bytes of recent entries kept in memory; the store shares its budget among segments."""
+        self._synced_position = -1
+        self.recovery: RecoveryReport | None = None
+        self.entries_in = 0
+        self.messages_in = 0
+        self.bytes_in = 0
+        self.entries_out = 0
+        self.messages_out = 0
+        self.bytes_out = 0
+        self.duplicates = 0
+        self.fsyncs = 0
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    @classmethod
+    def create_blocking(cls, directory: Path, meta: SegmentMeta, subs: dict[str, str]) -> None:
+        """Create the directory, identity file and initial cursors (position 0) durably."""
+        (directory / "cursors").mkdir(parents=True, exist_ok=True)
+        for name, sub_type in subs.items():
+            cur = Cursor(name=name, type=SubscriptionType.parse(sub_type))
+            atomic_write_json(directory / "cursors" / f"{name}.json", cur.to_json())
+        atomic_write_json(directory / "segment.json", meta.to_json())
+        fsync_dir(directory.parent)
+
+    async def open(self) -> RecoveryReport:
+        loop = asyncio.get_running_loop()
+        report = await loop.run_in_executor(self.executor, self._open_blocking)
+        self.recovery = report
+        if self.seal is not None:
+            self.sealed_event.set()
+        self.visible_position = self.log.durable_position
+        self._synced_position = self.log.durable_position
+        self._cache_base = self.log.next_position
+        self._tasks.append(loop.create_task(self._flush_loop(), name=f"flush {self.name}"))
+        self._tasks.append(loop.create_task(self._cursor_loop(), name=f"cursors {self.name}"))
+        if self.settings.fsync == "interval":
+            self._tasks.append(loop.create_task(self._interval_sync_loop()))
+        return report
+
+    def _open_blocking(self) -> RecoveryReport:
+        report = self.log.open()
+        cursor_dir = self.directory / "cursors"
+        cursor_dir.mkdir(exist_ok=True)
+        for path in sorted(cursor_dir.glob("*.json")):
+            cur = Cursor.from_json(read_json(path))
+            self.cursors[cur.name] = cur
+        for stale in cursor_dir.glob("*.tmp"):
+            stale.unlink()
+        sealed = self.directory / "sealed.json"
+        if sealed.exists():
+            self.seal = SealInfo.from_json(read_json(sealed))
+        self._rebuild_dedup()
+        return report
+
+    def _rebuild_dedup(self) -> None:
+        """Load the newest usable dedup snapshot and replay the log after it.
+
+        The snapshot taken when the second-to-last file was started is used (so at least one
+        whole file of history is replayed and recent retries get their exact positions back).
+        """
+        snapshots = {
+            int(m.group(1)): p for p in self.directory.iterdir() if (m := _DEDUP_NAME.match(p.name))
+        }
+        files = self.log.files
+        start = max(0, len(files) - 2)
+        while start > 0 and files[start].base not in snapshots:
+            start -= 1
+        base = files[start].base
+        if base in snapshots:
+            for name, (seq, pos) in read_json(snapshots[base]).items():
+                st = ProducerState(int(seq))
+                st.seqs.append(int(seq))
+                st.positions.append(int(pos))
+                self.producers[name] = st
+        elif base != 0:
+            log.warning("%s: no dedup snapshot at %d; dedup history starts there", self.name, base)
+        for lf in files[start:]:
+            data = lf.path.read_bytes()[: lf.size]
+            for pos, off, _length in scan_records(data):
+                if pos >= lf.next_position:
+                    break
+                e = off + 16
+                name_len = struct.unpack_from("<H", data, e + 2)[0]
+                seq = struct.unpack_from("<Q", data, e + 4)[0]
+                name = data[e + ENTRY_HEADER_SIZE : e + ENTRY_HEADER_SIZE + name_len].decode()
+                known = self.producers.get(name)
+                if known is None:
+                    self.producers[name] = known = ProducerState()
+                if seq > known.last_seq:
+                    known.record(seq, pos)
+        for path in snapshots.values():
+            if int(_DEDUP_NAME.match(path.name).group(1)) < self.log.first_position:  # type: ignore[union-attr]
+                path.unlink(missing_ok=True)
+
+    @property
+    def name(self) -> str:
+        return f"{self.meta.namespace}/{self.meta.topic}/{self.meta.descriptor}"
+
+    async def close(self) -> None:
+        """Flush what is staged, persist cursors, stop the background tasks."""
+        if self.closed:
+            return
+        self._wake.set()
+        await self.wait_flushed()
+        self.closed = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await self.persist_cursors()
+        loop = asyncio.get_running_loop()
+
+        def sync_and_close() -> None:
+            if not self.failed:
+                self.log.sync_blocking()
+            self.log.close()
+
+        await loop.run_in_executor(self.executor, sync_and_close)
+
+    async def destroy(self) -> None:
+        """Delete the segment and its data."""
+        self.closed = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        loop = asyncio.get_running_loop()
+
+        def rm() -> None:
+            self.log.close()
+            shutil.rmtree(self.directory, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                fsync_dir(self.directory.parent)
+
+        await loop.run_in_executor(self.executor, rm)
+
+    # --- produce -------------------------------------------------------------------------------
+
+    def append(self, entry: bytes | memoryview, header: EntryHeader) -> tuple[int, bool]:
+        """Stage an entry. Returns ``(position, duplicate)``.
+
+        A duplicate (sequence id not above the producer's last stored one) is not written; its
+        position is the original one, or -1 when it is older than the retained history.
+        """
+        if self.closed:
+            raise SegmentGoneError(self.name)
+        st = self.producers.get(header.producer_name)
+        seq = header.sequence_id
+        if st is not None and seq <= st.last_seq:
+            self.duplicates += 1
+            return st.lookup(seq), True
+        if self.seal is not None or self.sealing:
+            raise SegmentSealedError(self.seal)
+        pos = self.log.stage(entry)
+        if st is None:
+            self.producers[header.producer_name] = st = ProducerState()
+        st.record(seq, pos)
+        self._cache.append(entry)
+        self._cache_bytes += len(entry)
+        if self._cache_bytes > self.cache_limit:
+            self._evict_cache()
+        self._pending_load.append((header.message_count, len(entry), header.key_hash_sample))
+        if not self._wake.is_set():
+            self._wake.set()
+        return pos, False
+
+    def last_sequence_id(self, producer_name: str) -> int:
+        st = self.producers.get(producer_name)
+        return st.last_seq if st is not None else -1
+
+    def _evict_cache(self) -> None:
+        target = self.cache_limit // 2
+        dropped = 0
+        k = 0
+        cache = self._cache
+        limit = self.visible_position - self._cache_base
+        while self._cache_bytes - dropped > target and k < len(cache) and k <= limit:
+            dropped += len(cache[k])
+            k += 1
+        if k:
+            del cache[:k]
+            self._cache_base += k
+            self._cache_bytes -= dropped
+
+    async def _flush_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        sync = self.settings.fsync == "always"
+        lg = self.log
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while lg.has_pending:
+                self._flush_idle.clear()
+                data, index, last = lg.take_pending()
+                loads = self._pending_load
+                self._pending_load = []
+                t0 = time.perf_counter()
+                try:
+                    await loop.run_in_executor(self.executor, lg.write_blocking, data, sync)
+                except OSError:
+                    log.exception("%s: log write failed; the segment stops accepting", self.name)
+                    self.closed = True
+                    self.failed = True
+                    for cb in list(self.seal_listeners):
+                        cb()
+                    raise
+                if sync:
+                    self.fsyncs += 1
+                    if self.on_fsync is not None:
+                        self.on_fsync(time.perf_counter() - t0)
+                    self._synced_position = last
+                lg.complete_write(len(data), index, last)
+                lg.mark_durable(last)
+                self.visible_position = last
+                self.entries_in += len(loads)
+                for count, nbytes, _ in loads:
+                    self.messages_in += count
+                    self.bytes_in += nbytes
+                if self.on_durable_entries is not None:
+                    self.on_durable_entries(loads)
+                for listener in list(self.listeners):
+                    listener(last)
+                if lg.files[-1].size >= lg.roll_bytes:
+                    await self._roll()
+            self._flush_idle.set()
+
+    async def _roll(self) -> None:
+        """Start the next log file. Only creating it (and syncing the directory) holds up the
+        group commit; the old file's index and the dedup snapshot are written afterwards."""
+        loop = asyncio.get_running_loop()
+        old = self.log.files[-1]
+        base = old.next_position
+        snapshot: dict[str, tuple[int, int]] = {}
+        for name, st in self.producers.items():
+            found = st.last_below(base)
+            if found is not None:
+                snapshot[name] = found
+        sync_old = self.settings.fsync != "always"
+        new, fd = await loop.run_in_executor(self.executor, self.log.roll_blocking, sync_old)
+        self.log.roll_commit(new, fd)
+
+        def finish() -> None:
+            atomic_write_json(self.directory / f"dedup-{base:020d}.json", snapshot)
+            self.log.write_index_blocking(old)
+
+        task = loop.run_in_executor(self.executor, finish)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, fut: asyncio.Future[None]) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            log.error(
+                "%s: writing a roll's index or dedup snapshot failed: %s",
+                self.name,
+                fut.exception(),
+            )
+
+    async def _interval_sync_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        period = self.settings.fsync_interval_ms / 1000.0
+        while True:
+            await asyncio.sleep(period)
+            target = self.log.written_position
+            if target > self._synced_position:
+                t0 = time.perf_counter()
+                await loop.run_in_executor(self.executor, self.log.sync_blocking)
+                self.fsyncs += 1
+                if self.on_fsync is not None:
+                    self.on_fsync(time.perf_counter() - t0)
+                self._synced_position = target
+
+    async def wait_flushed(self) -> None:
+        """Return once everything staged so far has been flushed."""
+        while self.log.has_pending or not self._flush_idle.is_set():
+            if self.closed:
+                return
+            self._wake.set()
+            await self._flush_idle.wait()
+            await asyncio.sleep(0)
+
+    @property
+    def in_flight(self) -> int:
+        """Entries staged or being flushed, not yet acknowledged."""
+        return self.log.next_position - 1 - self.visible_position
+
+    # --- seal ----------------------------------------------------------------------------------
+
+    async def terminate(self, successors: list[dict[str, Any]]) -> SealInfo:
+        """Seal the segment (idempotent; concurrent calls share one seal).
+
+        New appends are refused from the first moment; everything staged before is flushed and
+        acknowledged; then the marker is made durable. Producers refused meanwhile wait for the
+        marker before they are told the successors, so nobody is redirected to the successors
+        while the parent could still come back unsealed after a crash.
+        """
+        if self.seal is not None:
+            return self.seal
+        if self._terminating is not None:
+            return await asyncio.shield(self._terminating)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[SealInfo] = loop.create_future()
+        self._terminating = fut
+        self.sealing = True
+        try:
+            await self.wait_flushed()
+            info = SealInfo(self.log.next_position - 1, successors, time.time())
+            await loop.run_in_executor(
+                self.executor, atomic_write_json, self.directory / "sealed.json", info.to_json()
+            )
+        except BaseException as exc:
+            self.sealing = False
+            self._terminating = None
+            fut.set_exception(exc)
+            fut.exception()
+            raise
+        self.seal = info
+        self.sealed_event.set()
+        fut.set_result(info)
+        for cb in list(self.seal_listeners):
+            cb()
+        return info
+
+    @property
+    def sealed(self) -> bool:
+        return self.seal is not None
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def read(self, position: int, max_entries: int, max_bytes: int) -> list[tuple[int, Any]]:
+        """Acknowledged entries from ``position`` on: from the memory cache when recent,
+        otherwise from the log files (page cache)."""
+        last = self.visible_position
+        if position > last:
+            return []
+        if position >= self._cache_base:
+            i = position - self._cache_base
+            stop = min(i + max_entries, last + 1 - self._cache_base)
+            out: list[tuple[int, Any]] = []
+            total = 0
+            cache = self._cache
+            while i < stop:
+                e = cache[i]
+                total += len(e)
+                if out and total > max_bytes:
+                    break
+                out.append((self._cache_base + i, e))
+                i += 1
+            return out
+        if position < self.log.first_position:
+            return []
+        return self.log.read(position, min(max_entries, self._cache_base - position), max_bytes)
+
+    def read_one(self, position: int) -> Any | None:
+        got = self.read(position, 1, 1)
+        return got[0][1] if got and got[0][0] == position else None
+
+    @staticmethod
+    def message_count(entry: bytes | memoryview) -> int:
+        count: int = _MSG_COUNT.unpack_from(entry, _OFF_MSG_COUNT)[0]
+        return count
+
+    # --- cursors -------------------------------------------------------------------------------
+
+    async def add_cursor(self, name: str, sub_type: SubscriptionType, at_end: bool) -> Cursor:
+        existing = self.cursors.get(name)
+        if existing is not None:
+            if existing.type != sub_type:
+                raise ValueError(
+                    f"subscription {name!r} exists with type {existing.type.value}, "
+                    f"not {sub_type.value}"
+                )
+            return existing
+        cur = Cursor(name=name, type=sub_type)
+        if at_end:
+            cur.ack_floor = self.log.next_position
+        self.cursors[name] = cur
+        loop = asyncio.get_running_loop()
+        body = cur.to_json()
+
+        def write() -> None:
+            with self._cursor_io:
+                atomic_write_json(self._cursor_path(name), body)
+
+        await loop.run_in_executor(self.executor, write)
+        cur.dirty = False
+        return cur
+
+    async def remove_cursor(self, name: str) -> bool:
+        if self.cursors.pop(name, None) is None:
+            return False
+        loop = asyncio.get_running_loop()
+
+        def rm() -> None:
+            with self._cursor_io:
+                self._cursor_path(name).unlink(missing_ok=True)
+                fsync_dir(self.directory / "cursors")
+
+        await loop.run_in_executor(self.executor, rm)
+        return True
+
+    def _cursor_path(self, name: str) -> Path:
+        return self.directory / "cursors" / f"{name}.json"
+
+    async def persist_cursors(self) -> None:
+        dirty = [(c, c.version, c.to_json()) for c in self.cursors.values() if c.dirty]
+        if not dirty:
+            return
+        loop = asyncio.get_running_loop()
+
+        def write() -> None:
+            with self._cursor_io:
+                for cur, _, body in dirty:
+                    if self.cursors.get(cur.name) is cur:
+                        atomic_write_json(self._cursor_path(cur.name), body)
+
+        await loop.run_in_executor(self.executor, write)
+        for cur, version, _ in dirty:
+            if cur.version == version:
+                cur.dirty = False
+
+    async def _cursor_loop(self) -> None:
+        period = self.settings.cursor_flush_ms / 1000.0
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.persist_cursors()
+                await self.apply_retention()
+            except OSError:
+                log.exception("%s: cursor persistence failed", self.name)
+
+    def backlog(self, cursor: Cursor) -> int:
+        return cursor.backlog(self.visible_position + 1)
+
+    def drained(self, cursor: Cursor) -> bool:
+        """Sealed and every entry up to the termination marker acknowledged."""
+        return self.seal is not None and cursor.ack_floor > self.seal.last_position
+
+    # --- retention -----------------------------------------------------------------------------
+
+    async def apply_retention(self) -> int:
+        """Delete whole rolled files below every cursor and outside the retention policy."""
+        if not self.cursors or len(self.log.files) < 2:
+            return 0
+        floor = min(c.ack_floor for c in self.cursors.values())
+        candidates = self.log.deletable_files(floor)
+        pol = self.meta.retention
+        if pol.time_ms is not None:
+            cutoff = time.time() - pol.time_ms / 1000.0
+            keep_from = len(candidates)
+            for i, lf in enumerate(candidates):
+                try:
+                    mtime = lf.path.stat().st_mtime
+                except FileNotFoundError:
+                    continue
+                if mtime >= cutoff:
+                    keep_from = i
+                    break
+            candidates = candidates[:keep_from]
+        if pol.size_bytes is not None:
+            total = self.log.total_bytes
+            allowed: list[Any] = []
+            for lf in candidates:
+                if total <= pol.size_bytes:
+                    break
+                allowed.append(lf)
+                total -= lf.size
+            candidates = allowed
+        if not candidates:
+            return 0
+        self.log.drop_files(candidates)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.executor, self.log.delete_files_blocking, candidates)
+        return len(candidates)

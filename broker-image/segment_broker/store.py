@@ -1,0 +1,310 @@
+"""All segments hosted by one broker process, keyed by ``(namespace, topic, segment id)``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .dispatch import Dispatcher
+from .load import LoadTracker, SegmentLoad
+from .metrics import BrokerMetrics
+from .storage.cursor import SubscriptionType
+from .storage.segment import Retention, Segment, SegmentMeta, StorageSettings
+
+log = logging.getLogger(__name__)
+
+NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+SEGMENT_KEY = tuple[str, str, int]
+MAX_BUCKETS = 1024
+RATE_SAMPLES = 11
+MIN_CACHE_BYTES = 1024 * 1024
+
+
+class ConflictError(Exception):
+    """The request contradicts the segment's existing, immutable settings."""
+
+
+class NotFoundError(Exception):
+    pass
+
+
+def validate_name(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not NAME.match(value) or ".." in value:
+        raise ValueError(f"invalid {kind} {value!r} (lower-case DNS name expected)")
+    return value
+
+
+@dataclass
+class HostedSegment:
+    segment: Segment
+    dispatchers: dict[str, Dispatcher] = field(default_factory=dict)
+    load: SegmentLoad | None = None
+    connections: set[Any] = field(default_factory=set)
+    producers: dict[str, Any] = field(default_factory=dict)
+    """Producer name -> its (single) open produce connection."""
+    """Open WebSocket handlers (closed when the segment is deleted)."""
+    samples: deque[tuple[float, int, int, int, int]] = field(
+        default_factory=lambda: deque(maxlen=RATE_SAMPLES)
+    )
+
+    def sample(self, now: float) -> None:
+        seg = self.segment
+        self.samples.append((now, seg.messages_in, seg.bytes_in, seg.messages_out, seg.bytes_out))
+
+    def rates(self) -> dict[str, float]:
+        """Per-second rates over the last ``RATE_SAMPLES`` seconds (for stats; the load
+        reporter keeps its own 60 s window)."""
+        if len(self.samples) < 2:
+            return {"msgRateIn": 0.0, "bytesRateIn": 0.0, "msgRateOut": 0.0, "bytesRateOut": 0.0}
+        t0, *first = self.samples[0]
+        t1, *last = self.samples[-1]
+        span = max(t1 - t0, 1e-9)
+        mi, bi, mo, bo = ((b - a) / span for a, b in zip(first, last, strict=True))
+        return {"msgRateIn": mi, "bytesRateIn": bi, "msgRateOut": mo, "bytesRateOut": bo}
+
+    def add_dispatcher(self, name: str) -> Dispatcher:
+        cursor = self.segment.cursors[name]
+        load = self.load
+        disp = Dispatcher(
+            self.segment, cursor, on_out=load.record_out if load is not None else None
+        )
+        self.dispatchers[name] = disp
+        self.segment.listeners.add(disp.on_durable)
+        self.segment.seal_listeners.add(disp.schedule)
+        return disp
+
+    def remove_dispatcher(self, name: str) -> Dispatcher | None:
+        disp = self.dispatchers.pop(name, None)
+        if disp is not None:
+            disp.close()
+            self.segment.listeners.discard(disp.on_durable)
+            self.segment.seal_listeners.discard(disp.schedule)
+        return disp
+
+
+class SegmentStore:
+    def __init__(
+        self,
+        data_dir: Path,
+        settings: StorageSettings,
+        metrics: BrokerMetrics,
+        tracker: LoadTracker | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.settings = settings
+        self.metrics = metrics
+        self.tracker = tracker
+        self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="segment-io")
+        self.segments: dict[SEGMENT_KEY, HostedSegment] = {}
+        self._locks: dict[SEGMENT_KEY, asyncio.Lock] = {}
+        self._sampler: asyncio.Task[None] | None = None
+        self.unrecoverable: dict[str, str] = {}
+        self.cache_budget = settings.cache_bytes
+
+    async def _sample_loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            for hosted in self:
+                hosted.sample(now)
+            await asyncio.sleep(1.0)
+
+    def __iter__(self) -> Iterator[HostedSegment]:
+        return iter(list(self.segments.values()))
+
+    def _lock(self, key: SEGMENT_KEY) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    def _segment_dir(self, meta: SegmentMeta) -> Path:
+        return self.data_dir / meta.namespace / meta.topic / meta.descriptor
+
+    async def open(self) -> None:
+        """Recover every segment found under the data directory."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        metas = await asyncio.get_running_loop().run_in_executor(self.executor, self._scan)
+        for directory, meta in metas:
+            try:
+                await self._host(directory, meta)
+            except (OSError, ValueError, KeyError, RuntimeError) as exc:
+                # One damaged segment must not keep the others offline; it stays unhosted
+                # (clients get SegmentNotFound) until an operator repairs or deletes it.
+                log.error("segment %s cannot be recovered and is not served: %s", directory, exc)
+                self.unrecoverable[str(directory)] = str(exc)
+        log.info("recovered %d segments from %s", len(metas), self.data_dir)
+        self._sampler = asyncio.get_running_loop().create_task(self._sample_loop())
+
+    def _scan(self) -> list[tuple[Path, SegmentMeta]]:
+        import json
+
+        found = []
+        for meta_path in sorted(self.data_dir.glob("*/*/*/segment.json")):
+            try:
+                meta = SegmentMeta.from_json(json.loads(meta_path.read_bytes()))
+            except (OSError, ValueError, KeyError, TypeError):
+                log.exception("unreadable segment identity %s; skipped", meta_path)
+                continue
+            found.append((meta_path.parent, meta))
+        return found
+
+    async def _host(self, directory: Path, meta: SegmentMeta) -> HostedSegment:
+        load: SegmentLoad | None = None
+        if self.tracker is not None:
+            load = self.tracker.segment(
+                meta.namespace,
+                meta.topic,
+                meta.segment_id,
+                meta.descriptor,
+                (meta.range_start, meta.range_end),
+            )
+
+        def on_durable(entries: list[tuple[int, int, int | None]]) -> None:
+            if load is not None:
+                record = load.record_in
+                for count, nbytes, sample in entries:
+                    record(count, nbytes, sample)
+
+        seg = Segment(
+            directory,
+            meta,
+            self.settings,
+            self.executor,
+            on_fsync=self.metrics.fsync_seconds.observe,
+            on_durable_entries=on_durable if load is not None else None,
+        )
+        report = await seg.open()
+        if report.truncated_bytes:
+            self.metrics.torn_tail_truncations.inc()
+        hosted = HostedSegment(seg, load=load)
+        for name in seg.cursors:
+            hosted.add_dispatcher(name)
+        self.segments[(meta.namespace, meta.topic, meta.segment_id)] = hosted
+        self._share_cache()
+        return hosted
+
+    def _share_cache(self) -> None:
+        """Split the process-wide cache budget evenly among the hosted segments."""
+        share = max(MIN_CACHE_BYTES, self.cache_budget // max(1, len(self.segments)))
+        for hosted in self.segments.values():
+            hosted.segment.cache_limit = share
+
+    def get(self, namespace: str, topic: str, segment_id: int) -> HostedSegment:
+        hosted = self.segments.get((namespace, topic, segment_id))
+        if hosted is None:
+            raise NotFoundError(f"segment {namespace}/{topic}/{segment_id} is not hosted here")
+        return hosted
+
+    async def create(
+        self,
+        namespace: str,
+        topic: str,
+        segment_id: int,
+        range_start: int,
+        range_end: int,
+        buckets: int,
+        subscriptions: dict[str, SubscriptionType],
+        retention: Retention,
+    ) -> tuple[HostedSegment, bool]:
+        """Create a segment with its cursors at position 0. Idempotent: the same request on an
+        existing segment returns it (adding missing subscriptions); a different range or bucket
+        count is a conflict. Returns ``(segment, created)``."""
+        validate_name("namespace", namespace)
+        validate_name("topic", topic)
+        if not isinstance(segment_id, int) or isinstance(segment_id, bool) or segment_id < 0:
+            raise ValueError("segmentId must be a non-negative integer")
+        if not 0 <= range_start <= range_end <= 0xFFFF:
+            raise ValueError(f"invalid hash range [{range_start}, {range_end}]")
+        if not 1 <= buckets <= MAX_BUCKETS:
+            raise ValueError(f"buckets must be within 1..{MAX_BUCKETS}")
+        key = (namespace, topic, segment_id)
+        async with self._lock(key):
+            hosted = self.segments.get(key)
+            if hosted is not None:
+                meta = hosted.segment.meta
+                if (meta.range_start, meta.range_end, meta.buckets) != (
+                    range_start,
+                    range_end,
+                    buckets,
+                ):
+                    raise ConflictError(
+                        f"segment {namespace}/{topic}/{segment_id} exists as {meta.descriptor} "
+                        f"with {meta.buckets} buckets"
+                    )
+                for name, sub_type in subscriptions.items():
+                    await self.create_subscription(hosted, name, sub_type, at_end=False)
+                return hosted, False
+            meta = SegmentMeta(
+                namespace=namespace,
+                topic=topic,
+                segment_id=segment_id,
+                range_start=range_start,
+                range_end=range_end,
+                buckets=buckets,
+                created_at=time.time(),
+                retention=retention,
+            )
+            directory = self._segment_dir(meta)
+            await asyncio.get_running_loop().run_in_executor(
+                self.executor,
+                Segment.create_blocking,
+                directory,
+                meta,
+                {n: t.value for n, t in subscriptions.items()},
+            )
+            return await self._host(directory, meta), True
+
+    async def create_subscription(
+        self, hosted: HostedSegment, name: str, sub_type: SubscriptionType, *, at_end: bool
+    ) -> bool:
+        seg = hosted.segment
+        existed = name in seg.cursors
+        await seg.add_cursor(name, sub_type, at_end)
+        if name not in hosted.dispatchers:
+            hosted.add_dispatcher(name)
+        return not existed
+
+    async def delete_subscription(self, hosted: HostedSegment, name: str) -> bool:
+        disp = hosted.remove_dispatcher(name)
+        if disp is not None:
+            for c in list(disp.consumers):
+                close = getattr(c.sink, "close_soon", None)
+                if close is not None:
+                    close("SubscriptionNotFound", "subscription deleted")
+        return await hosted.segment.remove_cursor(name)
+
+    async def delete(self, namespace: str, topic: str, segment_id: int) -> bool:
+        key = (namespace, topic, segment_id)
+        async with self._lock(key):
+            hosted = self.segments.pop(key, None)
+            if hosted is None:
+                return False
+            self._share_cache()
+            for name in list(hosted.dispatchers):
+                hosted.remove_dispatcher(name)
+            for conn in list(hosted.connections):
+                conn.close_soon("SegmentDeleted", "segment deleted")
+            await hosted.segment.destroy()
+            if self.tracker is not None:
+                self.tracker.remove(namespace, topic, segment_id)
+            return True
+
+    async def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+        for hosted in list(self.segments.values()):
+            for disp in hosted.dispatchers.values():
+                disp.close()
+            try:
+                await hosted.segment.close()
+            except Exception:
+                log.exception("closing %s failed", hosted.segment.name)
+        self.executor.shutdown(wait=True)

@@ -1,0 +1,976 @@
+"""Low-level asyncio client of the segment broker: produce, consume, admin (docs/protocol.md).
+
+One :class:`SegmentProducer` / :class:`SegmentConsumer` talks to one segment over one WebSocket.
+The SDK builds key routing, DAG following and consumer assignment on top of these.
+
+Producing::
+
+    producer = await SegmentProducer.connect(url, "ns", "orders", 0, "producer-1")
+    fut = await producer.send(b"value", key=b"customer-7")   # waits only for window space
+    ack = await fut                                          # EntryAck(position, ...)
+
+``send`` batches messages into entries (``batch_max_messages``/``batch_max_bytes``/``linger_ms``;
+one entry per bucket when the segment has several entry buckets) and returns the future of the
+entry the message went into. When the segment is sealed every unacknowledged entry's future
+fails with :class:`SegmentSealedError`, which carries the successors and the unacknowledged
+entries (in order) so the caller can re-route them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from scalable_topics.core import wire
+from scalable_topics.core.hashing import bucket_hash
+from scalable_topics.core.wire import EntryHeader, Message
+
+__all__ = [
+    "AdminError",
+    "ConnectionClosedError",
+    "EntryAck",
+    "EntryRejectedError",
+    "ProtocolError",
+    "ReceivedEntry",
+    "SegmentAdmin",
+    "SegmentConsumer",
+    "SegmentError",
+    "SegmentNotFoundError",
+    "SegmentProducer",
+    "SegmentSealedError",
+    "Successor",
+    "UnackedEntry",
+]
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+class SegmentError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Successor:
+    segment_id: int
+    start: int
+    end: int
+    broker_url: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "segmentId": self.segment_id,
+            "range": {"start": self.start, "end": self.end},
+            "brokerUrl": self.broker_url,
+        }
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> Successor:
+        return cls(
+            segment_id=int(body["segmentId"]),
+            start=int(body["range"]["start"]),
+            end=int(body["range"]["end"]),
+            broker_url=body.get("brokerUrl"),
+        )
+
+
+@dataclass(frozen=True)
+class UnackedEntry:
+    """An entry the broker did not acknowledge; resend it (same producer name and sequence id,
+    so a copy that did get stored is recognised as a duplicate) or re-route its messages."""
+
+    sequence_id: int
+    entry: bytes
+
+    def messages(self) -> list[Message]:
+        return wire.decode_entry(self.entry)[1]
+
+
+class _FailureWithEntries(SegmentError):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, message)
+        self.unacked: list[UnackedEntry] = []
+
+
+class SegmentSealedError(_FailureWithEntries):
+    """The segment is sealed; route to ``successors``. ``unacked`` lists the entries of this
+    producer that were not stored, in send order."""
+
+    def __init__(self, last_position: int, successors: list[Successor]) -> None:
+        super().__init__(wire.ERR_SEGMENT_SEALED, "segment sealed")
+        self.last_position = last_position
+        self.successors = successors
+
+
+class ConnectionClosedError(_FailureWithEntries):
+    """The connection ended without a verdict for ``unacked``: resend them (deduplicated)."""
+
+
+class SegmentNotFoundError(SegmentError):
+    pass
+
+
+class ProtocolError(SegmentError):
+    pass
+
+
+class EntryRejectedError(SegmentError):
+    def __init__(self, sequence_id: int, code: str, message: str) -> None:
+        super().__init__(code, message)
+        self.sequence_id = sequence_id
+
+
+class AdminError(SegmentError):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(code, message)
+        self.status = status
+
+
+def _error_from(body: Mapping[str, Any], close_code: int | None) -> SegmentError:
+    code = str(body.get("code", "Closed"))
+    message = str(body.get("message", f"closed with code {close_code}"))
+    if code == wire.ERR_SEGMENT_NOT_FOUND or close_code == wire.CLOSE_SEGMENT_NOT_FOUND:
+        return SegmentNotFoundError(code, message)
+    if code == wire.ERR_PROTOCOL or close_code == wire.CLOSE_PROTOCOL_ERROR:
+        return ProtocolError(code, message)
+    return ConnectionClosedError(code, message)
+
+
+def _ws_base(url: str) -> str:
+    url = url.rstrip("/")
+    if url.startswith("http://"):
+        return "ws://" + url[7:]
+    if url.startswith("https://"):
+        return "wss://" + url[8:]
+    return url
+
+
+def _http_base(url: str) -> str:
+    url = url.rstrip("/")
+    if url.startswith("ws://"):
+        return "http://" + url[5:]
+    if url.startswith("wss://"):
+        return "https://" + url[6:]
+    return url
+
+
+class _Session:
+    """Owns an aiohttp session unless the caller passed one."""
+
+    def __init__(self, session: aiohttp.ClientSession | None) -> None:
+        self.owned = session is None
+        self.session = session or aiohttp.ClientSession()
+
+    async def close(self) -> None:
+        if self.owned:
+            await self.session.close()
+
+
+async def _handshake(
+    ws: aiohttp.ClientWebSocketResponse, hello: Mapping[str, Any]
+) -> dict[str, Any]:
+    await ws.send_bytes(wire.encode_hello(wire.PROTOCOL_VERSION, hello))
+    msg = await ws.receive()
+    if msg.type == aiohttp.WSMsgType.BINARY and msg.data[:1] == bytes((wire.FRAME_HELLO_OK,)):
+        _, body = wire.decode_hello_ok(msg.data)
+        return body
+    if msg.type == aiohttp.WSMsgType.BINARY and msg.data[:1] == bytes((wire.FRAME_ERROR,)):
+        body = wire.decode_json_frame(msg.data)
+        with contextlib.suppress(Exception):
+            await ws.receive()
+        code = str(body.get("code"))
+        if code in ("ConsumerBusy", "BucketConflict", "SubscriptionNotFound"):
+            raise SegmentError(code, str(body.get("message")))
+        raise _error_from(body, ws.close_code)
+    raise ConnectionClosedError("Closed", f"connection closed during handshake ({ws.close_code})")
+
+
+# --- producer ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EntryAck:
+    sequence_id: int
+    position: int
+    duplicate: bool
+    """The broker already had this entry (a retry); ``position`` is the original one, or -1
+    when the original is older than the broker's dedup history."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    sequence_id: int
+    entry: bytes
+    future: asyncio.Future[EntryAck]
+
+
+@dataclass(slots=True)
+class _Batch:
+    keys: list[bytes | None] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    size: int = 0
+    future: asyncio.Future[EntryAck] | None = None
+    timer: asyncio.TimerHandle | None = None
+
+
+class SegmentProducer:
+    def __init__(
+        self,
+        ws: aiohttp.ClientWebSocketResponse,
+        session: _Session,
+        producer_name: str,
+        hello: Mapping[str, Any],
+        *,
+        batch_max_messages: int,
+        batch_max_bytes: int,
+        linger_ms: float,
+        max_inflight_bytes: int | None,
+    ) -> None:
+        self._ws = ws
+        self._session = session
+        self.producer_name = producer_name
+        self._name_bytes = producer_name.encode("utf-8")
+        self.segment_id = int(hello["segmentId"])
+        self.range = (int(hello["range"]["start"]), int(hello["range"]["end"]))
+        self.buckets = int(hello.get("buckets", 1))
+        self.last_sequence_id = int(hello.get("lastSequenceId", -1))
+        server_window = int(hello.get("maxInflightBytes", 8 << 20))
+        self.max_inflight_bytes = min(max_inflight_bytes or server_window, server_window)
+        self.max_entry_bytes = int(hello.get("maxEntryBytes", wire.MAX_ENTRY_SIZE))
+        self.batch_max_messages = batch_max_messages
+        self.batch_max_bytes = batch_max_bytes
+        self.linger = linger_ms / 1000.0
+        self._loop = asyncio.get_running_loop()
+        self._pending: deque[_Pending] = deque()
+        self._inflight_bytes = 0
+        self._window = asyncio.Event()
+        self._window.set()
+        self._batches: dict[int, _Batch] = {}
+        self._failure: SegmentError | None = None
+        self._failed = asyncio.Event()
+        self._closing = False
+        self._reader = self._loop.create_task(self._read_loop())
+        if bool(hello.get("sealed")):
+            self._window.clear()
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        namespace: str,
+        topic: str,
+        segment_id: int,
+        producer_name: str,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        batch_max_messages: int = 1000,
+        batch_max_bytes: int = 256 * 1024,
+        linger_ms: float = 2.0,
+        max_inflight_bytes: int | None = None,
+    ) -> SegmentProducer:
+        sess = _Session(session)
+        try:
+            ws = await sess.session.ws_connect(
+                f"{_ws_base(url)}/ws/v1/produce/{namespace}/{topic}/{segment_id}",
+                max_msg_size=64 << 20,
+                compress=0,
+                autoping=True,
+            )
+            hello = await _handshake(ws, {"producerName": producer_name})
+        except BaseException:
+            await sess.close()
+            raise
+        return cls(
+            ws,
+            sess,
+            producer_name,
+            hello,
+            batch_max_messages=batch_max_messages,
+            batch_max_bytes=batch_max_bytes,
+            linger_ms=linger_ms,
+            max_inflight_bytes=max_inflight_bytes,
+        )
+
+    # --- sending -------------------------------------------------------------------------------
+
+    def _next_seq(self) -> int:
+        self.last_sequence_id += 1
+        return self.last_sequence_id
+
+    async def send(
+        self,
+        value: bytes,
+        key: bytes | str | None = None,
+        *,
+        timestamp_ms: int | None = None,
+        properties: Mapping[str, str] | None = None,
+    ) -> asyncio.Future[EntryAck]:
+        """Add a message to the open batch of its bucket; returns that entry's future."""
+        if self._failure is not None:
+            raise self._failure
+        if not self._window.is_set():
+            await self._wait_window()
+        kb = key.encode("utf-8") if isinstance(key, str) else key
+        lane = -1
+        if kb is not None and self.buckets > 1:
+            lane = wire.bucket_of(bucket_hash(kb), self.buckets)
+        batch = self._batches.get(lane)
+        if batch is None:
+            batch = self._batches[lane] = _Batch(future=self._loop.create_future())
+            if self.linger > 0:
+                batch.timer = self._loop.call_later(self.linger, self._flush_lane, lane)
+        batch.messages.append(
+            Message(value=value, key=kb, timestamp_ms=timestamp_ms, properties=properties or {})
+        )
+        batch.size += len(value) + (len(kb) if kb else 0) + 7
+        fut = batch.future
+        assert fut is not None
+        if (
+            len(batch.messages) >= self.batch_max_messages
+            or batch.size >= self.batch_max_bytes
+            or self.linger <= 0
+        ):
+            self._flush_lane(lane)
+        return fut
+
+    def _flush_lane(self, lane: int) -> None:
+        batch = self._batches.pop(lane, None)
+        if batch is None or not batch.messages:
+            return
+        if batch.timer is not None:
+            batch.timer.cancel()
+        assert batch.future is not None
+        try:
+            entry = wire.encode_entry(
+                self.producer_name,
+                self._next_seq(),
+                batch.messages,
+                publish_time_ms=int(time.time() * 1000),
+            )
+            self._transmit([(self.last_sequence_id, entry, batch.future)])
+        except Exception as exc:
+            batch.future.set_exception(exc)
+
+    def flush_batches(self) -> None:
+        """Turn every open batch into an entry now."""
+        for lane in list(self._batches):
+            self._flush_lane(lane)
+
+    async def send_entry(
+        self, messages: Sequence[Message], *, sequence_id: int | None = None
+    ) -> asyncio.Future[EntryAck]:
+        """Send ``messages`` as one entry (caller-side batching)."""
+        if self._failure is not None:
+            raise self._failure
+        if not self._window.is_set():
+            await self._wait_window()
+        seq = self._take_seq(sequence_id)
+        entry = wire.encode_entry(
+            self.producer_name, seq, messages, publish_time_ms=int(time.time() * 1000)
+        )
+        fut: asyncio.Future[EntryAck] = self._loop.create_future()
+        self._transmit([(seq, entry, fut)])
+        return fut
+
+    async def send_encoded(
+        self,
+        payload: bytes,
+        count: int,
+        hashb_min: int,
+        hashb_max: int,
+        key_hash_sample: int | None,
+        keyed: bool,
+        *,
+        sequence_id: int | None = None,
+    ) -> asyncio.Future[EntryAck]:
+        """Fastest path: a payload from ``wire.encode_keyed_values``/``encode_values``."""
+        if self._failure is not None:
+            raise self._failure
+        if not self._window.is_set():
+            await self._wait_window()
+        seq = self._take_seq(sequence_id)
+        entry = wire.encode_entry_raw(
+            self._name_bytes,
+            seq,
+            payload,
+            count,
+            hashb_min=hashb_min,
+            hashb_max=hashb_max,
+            keyed=keyed,
+            key_hash_sample=key_hash_sample,
+            publish_time_ms=int(time.time() * 1000),
+        )
+        fut: asyncio.Future[EntryAck] = self._loop.create_future()
+        self._transmit([(seq, entry, fut)])
+        return fut
+
+    async def resend(self, entries: Sequence[UnackedEntry]) -> list[asyncio.Future[EntryAck]]:
+        """Resend entries from a failed connection of the same producer name (deduplicated)."""
+        futs = []
+        for item in entries:
+            if self._failure is not None:
+                raise self._failure
+            if not self._window.is_set():
+                await self._wait_window()
+            fut: asyncio.Future[EntryAck] = self._loop.create_future()
+            self.last_sequence_id = max(self.last_sequence_id, item.sequence_id)
+            self._transmit([(item.sequence_id, item.entry, fut)])
+            futs.append(fut)
+        return futs
+
+    def _take_seq(self, sequence_id: int | None) -> int:
+        if sequence_id is None:
+            return self._next_seq()
+        if sequence_id <= self.last_sequence_id:
+            raise ValueError(
+                f"sequence id {sequence_id} is not above the last one {self.last_sequence_id}"
+            )
+        self.last_sequence_id = sequence_id
+        return sequence_id
+
+    def _transmit(self, items: list[tuple[int, bytes, asyncio.Future[EntryAck]]]) -> None:
+        for seq, entry, _ in items:
+            if len(entry) > self.max_entry_bytes:
+                # Sent anyway it would close the connection with a protocol error.
+                raise ValueError(
+                    f"entry {seq} has {len(entry)} bytes, more than the broker's "
+                    f"{self.max_entry_bytes}"
+                )
+        frame = wire.encode_send([e for _, e, _ in items])
+        for seq, entry, fut in items:
+            self._pending.append(_Pending(seq, entry, fut))
+            self._inflight_bytes += len(entry)
+        if self._inflight_bytes >= self.max_inflight_bytes:
+            self._window.clear()
+        task = self._loop.create_task(self._ws.send_bytes(frame))
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None and self._failure is None:
+            self._fail(ConnectionClosedError("Closed", f"send failed: {task.exception()}"))
+
+    async def _wait_window(self) -> None:
+        while not self._window.is_set():
+            if self._failure is not None:
+                raise self._failure
+            await self._window.wait()
+        if self._failure is not None:
+            raise self._failure
+
+    async def flush(self) -> None:
+        """Send open batches and wait until every entry sent so far is acknowledged."""
+        self.flush_batches()
+        futs = [p.future for p in self._pending]
+        if futs:
+            await asyncio.gather(*futs)
+
+    @property
+    def inflight_entries(self) -> int:
+        return len(self._pending)
+
+    # --- receiving -----------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        ws = self._ws
+        failure: SegmentError | None = None
+        try:
+            while True:
+                msg = await ws.receive()
+                if msg.type != aiohttp.WSMsgType.BINARY:
+                    break
+                data = msg.data
+                kind = data[0] if data else -1
+                if kind == wire.FRAME_SEND_ACK:
+                    self._on_acks(wire.decode_send_ack(data))
+                elif kind == wire.FRAME_ENTRY_ERROR:
+                    body = wire.decode_json_frame(data)
+                    self._on_entry_error(body)
+                elif kind == wire.FRAME_SEALED:
+                    body = wire.decode_json_frame(data)
+                    failure = SegmentSealedError(
+                        int(body.get("lastPosition", -1)),
+                        [Successor.from_json(s) for s in body.get("successors", [])],
+                    )
+                    break
+                elif kind == wire.FRAME_ERROR:
+                    failure = _error_from(wire.decode_json_frame(data), ws.close_code)
+                    break
+                else:
+                    failure = ProtocolError(wire.ERR_PROTOCOL, f"unexpected frame type {kind}")
+                    break
+        except (wire.WireError, KeyError, ValueError) as exc:
+            failure = ProtocolError(wire.ERR_PROTOCOL, str(exc))
+        except asyncio.CancelledError:
+            failure = ConnectionClosedError("Closed", "producer closed")
+        except Exception as exc:
+            failure = ConnectionClosedError("Closed", str(exc))
+        if failure is None:
+            failure = ConnectionClosedError("Closed", f"connection closed ({ws.close_code})")
+        self._fail(failure)
+        if not ws.closed:
+            with contextlib.suppress(Exception):
+                await ws.close()
+
+    def _on_acks(self, acks: list[wire.SendAck]) -> None:
+        pending = self._pending
+        freed = 0
+        for ack in acks:
+            if not pending or pending[0].sequence_id != ack.sequence_id:
+                raise wire.WireError("ack_order", f"unexpected ack for {ack.sequence_id}")
+            p = pending.popleft()
+            freed += len(p.entry)
+            if not p.future.done():
+                p.future.set_result(EntryAck(ack.sequence_id, ack.position, ack.duplicate))
+        self._inflight_bytes -= freed
+        if self._inflight_bytes < self.max_inflight_bytes and self._failure is None:
+            self._window.set()
+
+    def _on_entry_error(self, body: Mapping[str, Any]) -> None:
+        seq = int(body.get("sequenceId", -1))
+        pending = self._pending
+        if not pending or pending[0].sequence_id != seq:
+            raise wire.WireError("ack_order", f"unexpected entry error for {seq}")
+        p = pending.popleft()
+        self._inflight_bytes -= len(p.entry)
+        if not p.future.done():
+            p.future.set_exception(
+                EntryRejectedError(seq, str(body.get("code")), str(body.get("message")))
+            )
+        self._window.set()
+
+    def _fail(self, error: SegmentError) -> None:
+        if self._failure is not None:
+            return
+        for lane in list(self._batches):
+            self._flush_lane_local(lane)
+        if isinstance(error, _FailureWithEntries):
+            error.unacked = [UnackedEntry(p.sequence_id, p.entry) for p in self._pending]
+        self._failure = error
+        self._failed.set()
+        while self._pending:
+            p = self._pending.popleft()
+            if not p.future.done():
+                p.future.set_exception(error)
+                p.future.exception()
+        self._window.set()
+
+    def _flush_lane_local(self, lane: int) -> None:
+        """Encode an open batch into ``_pending`` without sending it (on failure), so that
+        it is reported as unacknowledged along with the rest."""
+        batch = self._batches.pop(lane)
+        if batch.timer is not None:
+            batch.timer.cancel()
+        if not batch.messages or batch.future is None:
+            return
+        seq = self._next_seq()
+        entry = wire.encode_entry(self.producer_name, seq, batch.messages)
+        self._pending.append(_Pending(seq, entry, batch.future))
+
+    @property
+    def failure(self) -> SegmentError | None:
+        return self._failure
+
+    async def wait_failed(self) -> SegmentError:
+        """Wait until the connection ends (sealed, deleted, lost) and return why."""
+        await self._failed.wait()
+        assert self._failure is not None
+        return self._failure
+
+    async def close(self) -> None:
+        """Flush, wait for the acks, close. Failed entries stay failed."""
+        if not self._closing:
+            self._closing = True
+            if self._failure is None:
+                with contextlib.suppress(SegmentError):
+                    await self.flush()
+            await self._ws.close()
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+            await self._session.close()
+
+    async def __aenter__(self) -> SegmentProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+# --- consumer ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedEntry:
+    position: int
+    redelivery_count: int
+    entry: bytes | memoryview
+
+    @property
+    def header(self) -> EntryHeader:
+        return wire.decode_entry_header(self.entry)
+
+    def messages(self) -> list[Message]:
+        return wire.decode_entry(self.entry)[1]
+
+
+class SegmentConsumer:
+    """Receives entries of one subscription; flow control is automatic (``permits`` entries
+    are requested up front and replenished as the application takes them)."""
+
+    def __init__(
+        self,
+        ws: aiohttp.ClientWebSocketResponse,
+        session: _Session,
+        hello: Mapping[str, Any],
+        permits: int,
+    ) -> None:
+        self._ws = ws
+        self._session = session
+        self.segment_id = int(hello["segmentId"])
+        self.buckets = int(hello.get("buckets", 1))
+        self.subscription_type = str(hello.get("subscriptionType"))
+        self.ack_floor = int(hello.get("ackFloor", 0))
+        self.permits = permits
+        self._loop = asyncio.get_running_loop()
+        self._queue: deque[ReceivedEntry] = deque()
+        self._ready = asyncio.Event()
+        self._taken_since_flow = 0
+        self._acks: list[int] = []
+        self._cumulative: int | None = None
+        self._ack_scheduled = False
+        self.end_of_segment = False
+        self.last_position: int | None = None
+        self.failure: SegmentError | None = None
+        self._reader = self._loop.create_task(self._read_loop())
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        namespace: str,
+        topic: str,
+        segment_id: int,
+        subscription: str,
+        consumer_name: str,
+        *,
+        buckets: Sequence[int] | None = None,
+        permits: int = 1000,
+        session: aiohttp.ClientSession | None = None,
+    ) -> SegmentConsumer:
+        sess = _Session(session)
+        try:
+            ws = await sess.session.ws_connect(
+                f"{_ws_base(url)}/ws/v1/consume/{namespace}/{topic}/{segment_id}/{subscription}",
+                max_msg_size=128 << 20,
+                compress=0,
+            )
+            hello = await _handshake(
+                ws,
+                {
+                    "consumerName": consumer_name,
+                    "buckets": list(buckets) if buckets is not None else None,
+                    "permits": permits,
+                },
+            )
+        except BaseException:
+            await sess.close()
+            raise
+        return cls(ws, sess, hello, permits)
+
+    async def _read_loop(self) -> None:
+        ws = self._ws
+        try:
+            while True:
+                msg = await ws.receive()
+                if msg.type != aiohttp.WSMsgType.BINARY:
+                    break
+                data = msg.data
+                kind = data[0] if data else -1
+                if kind == wire.FRAME_DELIVER:
+                    for d in wire.decode_deliver(data):
+                        self._queue.append(ReceivedEntry(d.position, d.redelivery_count, d.entry))
+                elif kind == wire.FRAME_END_OF_SEGMENT:
+                    self.last_position = wire.decode_end_of_segment(data)
+                    self.end_of_segment = True
+                elif kind == wire.FRAME_ERROR:
+                    self.failure = _error_from(wire.decode_json_frame(data), ws.close_code)
+                    break
+                else:
+                    self.failure = ProtocolError(wire.ERR_PROTOCOL, f"unexpected frame {kind}")
+                    break
+                self._ready.set()
+        except wire.WireError as exc:
+            self.failure = ProtocolError(wire.ERR_PROTOCOL, str(exc))
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:
+            self.failure = ConnectionClosedError("Closed", str(exc))
+        if self.failure is None and not self.end_of_segment:
+            self.failure = ConnectionClosedError("Closed", f"connection closed ({ws.close_code})")
+        self._ready.set()
+        if not ws.closed:
+            with contextlib.suppress(Exception):
+                await ws.close()
+
+    async def receive(self) -> ReceivedEntry | None:
+        """The next entry; None once the segment is sealed and fully acknowledged (end of
+        segment). Raises the connection's failure when it ends otherwise."""
+        while not self._queue:
+            if self.end_of_segment:
+                return None
+            if self.failure is not None:
+                raise self.failure
+            self._ready.clear()
+            await self._ready.wait()
+        item = self._queue.popleft()
+        self._taken_since_flow += 1
+        if self._taken_since_flow * 2 >= self.permits:
+            n = self._taken_since_flow
+            self._taken_since_flow = 0
+            self._send(wire.encode_flow(n))
+        return item
+
+    def receive_nowait(self, max_entries: int) -> list[ReceivedEntry]:
+        """Up to ``max_entries`` already received entries without waiting."""
+        out: list[ReceivedEntry] = []
+        q = self._queue
+        while q and len(out) < max_entries:
+            out.append(q.popleft())
+        if out:
+            self._taken_since_flow += len(out)
+            if self._taken_since_flow * 2 >= self.permits:
+                n = self._taken_since_flow
+                self._taken_since_flow = 0
+                self._send(wire.encode_flow(n))
+        return out
+
+    async def wait_ready(self) -> None:
+        """Wait until entries are queued, the segment ended, or the connection failed."""
+        if self._queue or self.end_of_segment or self.failure is not None:
+            return
+        self._ready.clear()
+        await self._ready.wait()
+
+    def __aiter__(self) -> AsyncIterator[ReceivedEntry]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ReceivedEntry]:
+        while True:
+            item = await self.receive()
+            if item is None:
+                return
+            yield item
+
+    def _send(self, frame: bytes) -> None:
+        if self._ws.closed:
+            return
+        task = self._loop.create_task(self._ws.send_bytes(frame))
+        task.add_done_callback(_ignore_result)
+
+    def ack(self, position: int) -> None:
+        """Acknowledge one entry (batched: sent at the end of the current loop iteration)."""
+        self._acks.append(position)
+        if len(self._acks) >= 4096:
+            self._flush_acks()
+        elif not self._ack_scheduled:
+            self._ack_scheduled = True
+            self._loop.call_soon(self._flush_acks)
+
+    def ack_many(self, positions: Sequence[int]) -> None:
+        for p in positions:
+            self.ack(p)
+
+    def ack_cumulative(self, position: int) -> None:
+        """Acknowledge everything up to ``position`` (Exclusive subscriptions only).
+
+        Coalesced: only the highest position acknowledged during one loop iteration is sent.
+        """
+        if self._cumulative is None or position > self._cumulative:
+            self._cumulative = position
+        if not self._ack_scheduled:
+            self._ack_scheduled = True
+            self._loop.call_soon(self._flush_acks)
+
+    def nack(self, positions: Sequence[int]) -> None:
+        """Give entries back for redelivery."""
+        self._flush_acks()
+        for i in range(0, len(positions), wire.MAX_FRAME_ITEMS):
+            self._send(wire.encode_nack(positions[i : i + wire.MAX_FRAME_ITEMS]))
+
+    def _flush_acks(self) -> None:
+        self._ack_scheduled = False
+        if self._cumulative is not None:
+            self._send(wire.encode_ack([self._cumulative], cumulative=True))
+            self._cumulative = None
+        acks = self._acks
+        if not acks:
+            return
+        self._acks = []
+        for i in range(0, len(acks), wire.MAX_FRAME_ITEMS):
+            self._send(wire.encode_ack(acks[i : i + wire.MAX_FRAME_ITEMS]))
+
+    async def close(self) -> None:
+        self._flush_acks()
+        await asyncio.sleep(0)
+        with contextlib.suppress(Exception):
+            await self._ws.close()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+        await self._session.close()
+
+    async def __aenter__(self) -> SegmentConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _ignore_result(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+# --- admin ---------------------------------------------------------------------------------------
+
+
+class SegmentAdmin:
+    """Admin HTTP client of one broker."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        session: aiohttp.ClientSession | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.base = _http_base(url) + "/admin/v1/segments"
+        self._session = _Session(session)
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+
+    async def _call(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        async with self._session.session.request(
+            method,
+            self.base + path,
+            json=body,
+            headers=self._headers,
+            timeout=self._timeout,
+        ) as resp:
+            try:
+                data = await resp.json(content_type=None)
+            except (ValueError, aiohttp.ContentTypeError):
+                data = {"error": {"code": "BadResponse", "message": await resp.text()}}
+            if resp.status >= 400:
+                err = data.get("error", {}) if isinstance(data, dict) else {}
+                raise AdminError(
+                    resp.status, str(err.get("code", "Error")), str(err.get("message", ""))
+                )
+            return resp.status, data
+
+    @staticmethod
+    def _path(namespace: str, topic: str, segment_id: int) -> str:
+        return f"/{namespace}/{topic}/{segment_id}"
+
+    async def create_segment(
+        self,
+        namespace: str,
+        topic: str,
+        segment_id: int,
+        start: int,
+        end: int,
+        *,
+        buckets: int = 1,
+        subscriptions: Mapping[str, str] | None = None,
+        retention: Mapping[str, int | None] | None = None,
+    ) -> dict[str, Any]:
+        """Create (idempotently) a segment with cursors at position 0; returns its stats."""
+        body: dict[str, Any] = {
+            "range": {"start": start, "end": end},
+            "buckets": buckets,
+            "subscriptions": [{"name": n, "type": t} for n, t in (subscriptions or {}).items()],
+        }
+        if retention is not None:
+            body["retention"] = dict(retention)
+        _, data = await self._call("PUT", self._path(namespace, topic, segment_id), body)
+        return data
+
+    async def terminate(
+        self, namespace: str, topic: str, segment_id: int, successors: Sequence[Successor] = ()
+    ) -> dict[str, Any]:
+        """Seal (idempotent). Returns ``{"sealed", "lastPosition", "successors", "sealedAt"}``."""
+        _, data = await self._call(
+            "POST",
+            self._path(namespace, topic, segment_id) + "/terminate",
+            {"successors": [s.to_json() for s in successors]},
+        )
+        return data
+
+    async def delete_segment(self, namespace: str, topic: str, segment_id: int) -> bool:
+        try:
+            await self._call("DELETE", self._path(namespace, topic, segment_id))
+        except AdminError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def stats(self, namespace: str, topic: str, segment_id: int) -> dict[str, Any]:
+        _, data = await self._call("GET", self._path(namespace, topic, segment_id))
+        return data
+
+    async def list_segments(self) -> list[dict[str, Any]]:
+        _, data = await self._call("GET", "")
+        return list(data["segments"])
+
+    async def create_subscription(
+        self,
+        namespace: str,
+        topic: str,
+        segment_id: int,
+        name: str,
+        sub_type: str = "Exclusive",
+        *,
+        initial_position: str = "earliest",
+    ) -> dict[str, Any]:
+        _, data = await self._call(
+            "PUT",
+            self._path(namespace, topic, segment_id) + f"/subscriptions/{name}",
+            {"type": sub_type, "initialPosition": initial_position},
+        )
+        return data
+
+    async def delete_subscription(
+        self, namespace: str, topic: str, segment_id: int, name: str
+    ) -> bool:
+        try:
+            await self._call(
+                "DELETE", self._path(namespace, topic, segment_id) + f"/subscriptions/{name}"
+            )
+        except AdminError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def __aenter__(self) -> SegmentAdmin:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,669 @@
+"""Binary wire codec shared by the segment broker and its clients (docs/protocol.md).
+
+Pure functions and dataclasses, no I/O. Two layers:
+
+* **Entries** — a batch of messages from one producer, the unit the broker stores, acknowledges,
+  dispatches and deduplicates. The broker parses only the fixed entry header; the message payload
+  is opaque to it and forwarded byte for byte to consumers.
+* **Frames** — one WebSocket binary message. The first byte is the frame type.
+
+All integers are little-endian. Every decoder validates lengths strictly and raises
+:class:`WireError` (with a short ``kind`` usable as a metric label) on malformed input, never any
+other exception.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mmh3
+
+PROTOCOL_VERSION = 1
+"""Highest protocol version this codec speaks. Peers negotiate ``min(client, server)``."""
+MIN_PROTOCOL_VERSION = 1
+
+ENTRY_FORMAT = 1
+
+RING_SIZE = 0x10000
+
+# --- entry -------------------------------------------------------------------------------------
+
+ENTRY_HEADER = struct.Struct("<BBHQHHHIQI")
+"""format, flags, producer name length, sequence id, hashB min, hashB max, key hash sample,
+message count, publish time (Unix ms), payload length."""
+ENTRY_HEADER_SIZE = ENTRY_HEADER.size
+
+ENTRY_FLAG_KEYED = 0x01
+"""At least one message has a key; ``hashB`` min/max are meaningful."""
+ENTRY_FLAG_KEY_SAMPLE = 0x02
+"""``key_hash_sample`` holds the 16-bit segment hash of one key of the entry."""
+ENTRY_FLAGS_KNOWN = ENTRY_FLAG_KEYED | ENTRY_FLAG_KEY_SAMPLE
+
+MAX_PRODUCER_NAME = 255
+MAX_ENTRY_SIZE = 16 * 1024 * 1024
+"""Largest entry the broker accepts (header + producer name + payload)."""
+
+# Byte offsets inside an encoded entry, for readers that need one field without a full parse.
+_OFF_FLAGS = 1
+_OFF_HASHB_MIN = 12
+
+# --- message (inside an entry's payload; the broker never looks at these) ----------------------
+
+MESSAGE_HEADER = struct.Struct("<BHI")
+"""flags, key length, value length; then key, value, [timestamp i64], [properties]."""
+MSG_FLAG_KEY = 0x01
+MSG_FLAG_TIMESTAMP = 0x02
+MSG_FLAG_PROPERTIES = 0x04
+MSG_FLAGS_KNOWN = MSG_FLAG_KEY | MSG_FLAG_TIMESTAMP | MSG_FLAG_PROPERTIES
+_I64 = struct.Struct("<q")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+
+# --- frames ------------------------------------------------------------------------------------
+
+FRAME_HELLO = 0x01
+FRAME_HELLO_OK = 0x02
+FRAME_SEND = 0x10
+FRAME_SEND_ACK = 0x11
+FRAME_ENTRY_ERROR = 0x12
+FRAME_SEALED = 0x13
+FRAME_FLOW = 0x20
+FRAME_DELIVER = 0x21
+FRAME_ACK = 0x22
+FRAME_NACK = 0x23
+FRAME_END_OF_SEGMENT = 0x24
+FRAME_ERROR = 0x7F
+
+_HELLO = struct.Struct("<BH")
+_COUNT = struct.Struct("<BH")
+_SEND_ITEM = struct.Struct("<I")
+_ACK_ITEM = struct.Struct("<QqB")
+_FLOW = struct.Struct("<BI")
+_DELIVER_ITEM = struct.Struct("<qHI")
+_ACK_HEAD = struct.Struct("<BBH")
+_POSITION = struct.Struct("<q")
+_EOS = struct.Struct("<Bq")
+
+ACK_STATUS_OK = 0
+ACK_STATUS_DUPLICATE = 1
+
+ACK_INDIVIDUAL = 0
+ACK_CUMULATIVE = 1
+
+MAX_FRAME_ITEMS = 0xFFFF
+
+# WebSocket close codes (4000-4999 are reserved for applications by RFC 6455).
+CLOSE_PROTOCOL_ERROR = 4000
+CLOSE_SEGMENT_NOT_FOUND = 4001
+CLOSE_UNSUPPORTED_VERSION = 4002
+CLOSE_SEGMENT_SEALED = 4003
+CLOSE_CONSUMER_BUSY = 4004
+CLOSE_SUBSCRIPTION_NOT_FOUND = 4005
+CLOSE_BUCKET_CONFLICT = 4006
+CLOSE_SEGMENT_DELETED = 4007
+CLOSE_PRODUCER_FENCED = 4008
+CLOSE_GOING_AWAY = 1001
+
+# Error codes carried in ERROR / ENTRY_ERROR frames (JSON "code").
+ERR_PROTOCOL = "ProtocolError"
+ERR_SEGMENT_NOT_FOUND = "SegmentNotFound"
+ERR_SEGMENT_SEALED = "SegmentSealed"
+ERR_UNSUPPORTED_VERSION = "UnsupportedVersion"
+ERR_CONSUMER_BUSY = "ConsumerBusy"
+ERR_SUBSCRIPTION_NOT_FOUND = "SubscriptionNotFound"
+ERR_BUCKET_CONFLICT = "BucketConflict"
+ERR_SEGMENT_DELETED = "SegmentDeleted"
+ERR_PRODUCER_FENCED = "ProducerFenced"
+ERR_ENTRY_SPANS_BUCKETS = "EntrySpansBuckets"
+ERR_ENTRY_TOO_LARGE = "EntryTooLarge"
+
+
+class WireError(ValueError):
+    """Malformed input. ``kind`` is a short, bounded label (used in metrics)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def bucket_of(hashb: int, buckets: int) -> int:
+    """Index of the entry bucket holding ``hashB`` when the ring has ``buckets`` buckets.
+
+    Bucket ``i`` covers ``[i*65536//N, (i+1)*65536//N)`` (PIP-486 boundaries), so the bucket is
+    the largest ``i`` with ``i*65536//N <= hashB``, which is ``((hashB+1)*N - 1) // 65536``.
+    The unchecked hot-path twin of ``core.buckets.bucket_of`` (a test keeps them equal).
+    """
+    return ((hashb + 1) * buckets - 1) >> 16
+
+
+# --- entries -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EntryHeader:
+    producer_name: str
+    sequence_id: int
+    hashb_min: int
+    hashb_max: int
+    key_hash_sample: int | None
+    message_count: int
+    publish_time_ms: int
+    payload_length: int
+    flags: int
+
+    @property
+    def keyed(self) -> bool:
+        return bool(self.flags & ENTRY_FLAG_KEYED)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One application message. ``key`` decides the segment and the entry bucket."""
+
+    value: bytes
+    key: bytes | None = None
+    timestamp_ms: int | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+def decode_entry_header(entry: bytes | memoryview) -> EntryHeader:
+    """Parse and validate an entry's header; checks that the lengths add up to ``len(entry)``."""
+    size = len(entry)
+    if size < ENTRY_HEADER_SIZE:
+        raise WireError("bad_entry", f"entry of {size} bytes is shorter than its header")
+    if size > MAX_ENTRY_SIZE:
+        raise WireError("entry_too_large", f"entry of {size} bytes exceeds {MAX_ENTRY_SIZE}")
+    (fmt, flags, name_len, seq, hmin, hmax, sample, count, ptime, plen) = ENTRY_HEADER.unpack_from(
+        entry, 0
+    )
+    if fmt != ENTRY_FORMAT:
+        raise WireError("bad_entry", f"unknown entry format {fmt}")
+    if flags & ~ENTRY_FLAGS_KNOWN:
+        raise WireError("bad_entry", f"unknown entry flags 0x{flags:02x}")
+    if ENTRY_HEADER_SIZE + name_len + plen != size:
+        raise WireError("bad_entry", "entry lengths do not add up")
+    if name_len == 0:
+        raise WireError("bad_entry", "empty producer name")
+    if hmin > hmax:
+        raise WireError("bad_entry", "hashB min above max")
+    if count == 0:
+        raise WireError("bad_entry", "entry without messages")
+    if seq > 0x7FFF_FFFF_FFFF_FFFF:
+        raise WireError("bad_entry", "sequence id above 2^63-1")
+    try:
+        name = bytes(entry[ENTRY_HEADER_SIZE : ENTRY_HEADER_SIZE + name_len]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise WireError("bad_entry", "producer name is not UTF-8") from None
+    return EntryHeader(
+        producer_name=name,
+        sequence_id=seq,
+        hashb_min=hmin,
+        hashb_max=hmax,
+        key_hash_sample=sample if flags & ENTRY_FLAG_KEY_SAMPLE else None,
+        message_count=count,
+        publish_time_ms=ptime,
+        payload_length=plen,
+        flags=flags,
+    )
+
+
+def entry_bucket_hash(entry: bytes | memoryview) -> int | None:
+    """``hashB`` min of an already validated entry, or None when the entry has no keys."""
+    if entry[_OFF_FLAGS] & ENTRY_FLAG_KEYED:
+        value: int = _U16.unpack_from(entry, _OFF_HASHB_MIN)[0]
+        return value
+    return None
+
+
+def entry_payload(entry: bytes | memoryview, header: EntryHeader) -> memoryview:
+    start = ENTRY_HEADER_SIZE + len(header.producer_name.encode("utf-8"))
+    return memoryview(entry)[start : start + header.payload_length]
+
+
+def encode_entry_raw(
+    producer_name: bytes,
+    sequence_id: int,
+    payload: bytes,
+    message_count: int,
+    *,
+    hashb_min: int = 0,
+    hashb_max: int = 0,
+    keyed: bool = False,
+    key_hash_sample: int | None = None,
+    publish_time_ms: int = 0,
+) -> bytes:
+    """Wrap an already encoded message payload (see :func:`encode_messages`) into an entry."""
+    flags = (ENTRY_FLAG_KEYED if keyed else 0) | (
+        ENTRY_FLAG_KEY_SAMPLE if key_hash_sample is not None else 0
+    )
+    header = ENTRY_HEADER.pack(
+        ENTRY_FORMAT,
+        flags,
+        len(producer_name),
+        sequence_id,
+        hashb_min if keyed else 0,
+        hashb_max if keyed else 0,
+        key_hash_sample or 0,
+        message_count,
+        publish_time_ms,
+        len(payload),
+    )
+    return b"".join((header, producer_name, payload))
+
+
+def encode_messages(messages: Iterable[Message]) -> tuple[bytes, int, int, int, int | None, bool]:
+    """Encode messages into a payload.
+
+    Returns ``(payload, count, hashb_min, hashb_max, key_hash_sample, keyed)``: the bucket-hash
+    range and one key's segment hash are computed here, once per key, so the broker never hashes.
+    """
+    parts: list[bytes] = []
+    append = parts.append
+    pack = MESSAGE_HEADER.pack
+    hmin = 0xFFFF
+    hmax = 0
+    sample: int | None = None
+    count = 0
+    for msg in messages:
+        count += 1
+        key = msg.key
+        flags = 0
+        if key is not None:
+            flags = MSG_FLAG_KEY
+            raw = mmh3.hash(key, 0, signed=False)
+            hb = raw & 0xFFFF
+            if hb < hmin:
+                hmin = hb
+            if hb > hmax:
+                hmax = hb
+            if sample is None:
+                sample = raw >> 16
+        if msg.timestamp_ms is not None:
+            flags |= MSG_FLAG_TIMESTAMP
+        if msg.properties:
+            flags |= MSG_FLAG_PROPERTIES
+        append(pack(flags, len(key) if key is not None else 0, len(msg.value)))
+        if key is not None:
+            append(key)
+        append(msg.value)
+        if msg.timestamp_ms is not None:
+            append(_I64.pack(msg.timestamp_ms))
+        if msg.properties:
+            append(_encode_properties(msg.properties))
+    keyed = sample is not None
+    return b"".join(parts), count, hmin if keyed else 0, hmax if keyed else 0, sample, keyed
+
+
+def encode_keyed_values(
+    keys: Sequence[bytes], values: Sequence[bytes]
+) -> tuple[bytes, int, int, int, int | None, bool]:
+    """Fast path of :func:`encode_messages` for key/value pairs without timestamp or properties."""
+    if len(keys) != len(values):
+        raise ValueError("keys and values differ in length")
+    parts: list[bytes] = []
+    append = parts.append
+    pack = MESSAGE_HEADER.pack
+    hash32 = mmh3.hash
+    hmin = 0xFFFF
+    hmax = 0
+    for key, value in zip(keys, values, strict=True):
+        hb = hash32(key, 0, signed=False) & 0xFFFF
+        if hb < hmin:
+            hmin = hb
+        if hb > hmax:
+            hmax = hb
+        append(pack(MSG_FLAG_KEY, len(key), len(value)))
+        append(key)
+        append(value)
+    if not keys:
+        return b"", 0, 0, 0, None, False
+    sample = mmh3.hash(keys[0], 0, signed=False) >> 16
+    return b"".join(parts), len(keys), hmin, hmax, sample, True
+
+
+def encode_values(values: Sequence[bytes]) -> bytes:
+    """Fast path: payload of unkeyed messages with values only."""
+    pack = MESSAGE_HEADER.pack
+    parts: list[bytes] = []
+    append = parts.append
+    for value in values:
+        append(pack(0, 0, len(value)))
+        append(value)
+    return b"".join(parts)
+
+
+def encode_entry(
+    producer_name: str,
+    sequence_id: int,
+    messages: Sequence[Message],
+    *,
+    publish_time_ms: int = 0,
+) -> bytes:
+    payload, count, hmin, hmax, sample, keyed = encode_messages(messages)
+    if count == 0:
+        raise ValueError("an entry needs at least one message")
+    return encode_entry_raw(
+        producer_name.encode("utf-8"),
+        sequence_id,
+        payload,
+        count,
+        hashb_min=hmin,
+        hashb_max=hmax,
+        keyed=keyed,
+        key_hash_sample=sample,
+        publish_time_ms=publish_time_ms,
+    )
+
+
+def _encode_properties(props: Mapping[str, str]) -> bytes:
+    out = [_U16.pack(len(props))]
+    for k, v in props.items():
+        kb = k.encode("utf-8")
+        vb = v.encode("utf-8")
+        out.append(_U16.pack(len(kb)))
+        out.append(kb)
+        out.append(_U32.pack(len(vb)))
+        out.append(vb)
+    return b"".join(out)
+
+
+def iter_messages(payload: bytes | memoryview, count: int | None = None) -> Iterator[Message]:
+    """Decode the messages of an entry payload (the consumer side)."""
+    buf = memoryview(payload)
+    end = len(buf)
+    off = 0
+    seen = 0
+    unpack = MESSAGE_HEADER.unpack_from
+    hsize = MESSAGE_HEADER.size
+    try:
+        while off < end:
+            flags, klen, vlen = unpack(buf, off)
+            off += hsize
+            if flags & ~MSG_FLAGS_KNOWN:
+                raise WireError("bad_message", f"unknown message flags 0x{flags:02x}")
+            key: bytes | None = None
+            if flags & MSG_FLAG_KEY:
+                key = bytes(buf[off : off + klen])
+                off += klen
+            value = bytes(buf[off : off + vlen])
+            off += vlen
+            if off > end:
+                raise WireError("bad_message", "message runs past the payload")
+            ts: int | None = None
+            if flags & MSG_FLAG_TIMESTAMP:
+                ts = _I64.unpack_from(buf, off)[0]
+                off += 8
+            props: dict[str, str] = {}
+            if flags & MSG_FLAG_PROPERTIES:
+                (n,) = _U16.unpack_from(buf, off)
+                off += 2
+                for _ in range(n):
+                    (kl,) = _U16.unpack_from(buf, off)
+                    off += 2
+                    pk = bytes(buf[off : off + kl]).decode("utf-8")
+                    off += kl
+                    (vl,) = _U32.unpack_from(buf, off)
+                    off += 4
+                    pv = bytes(buf[off : off + vl]).decode("utf-8")
+                    off += vl
+                    props[pk] = pv
+            if off > end:
+                raise WireError("bad_message", "message runs past the payload")
+            seen += 1
+            yield Message(value=value, key=key, timestamp_ms=ts, properties=props)
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise WireError("bad_message", f"malformed message payload: {exc}") from None
+    if count is not None and seen != count:
+        raise WireError("bad_message", f"entry declares {count} messages, payload holds {seen}")
+
+
+def decode_entry(entry: bytes | memoryview) -> tuple[EntryHeader, list[Message]]:
+    header = decode_entry_header(entry)
+    return header, list(iter_messages(entry_payload(entry, header), header.message_count))
+
+
+# --- frames ------------------------------------------------------------------------------------
+
+
+def frame_type(frame: bytes | memoryview) -> int:
+    if len(frame) == 0:
+        raise WireError("empty_frame", "empty frame")
+    return frame[0]
+
+
+def _json_body(frame: bytes | memoryview, offset: int) -> dict[str, Any]:
+    try:
+        body = json.loads(bytes(frame[offset:]).decode("utf-8")) if len(frame) > offset else {}
+    except (UnicodeDecodeError, ValueError):
+        raise WireError("bad_json", "frame body is not UTF-8 JSON") from None
+    if not isinstance(body, dict):
+        raise WireError("bad_json", "frame body is not a JSON object")
+    return body
+
+
+def _json_frame(kind: int, body: Mapping[str, Any]) -> bytes:
+    return bytes((kind,)) + json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+def encode_hello(version: int, body: Mapping[str, Any]) -> bytes:
+    return _HELLO.pack(FRAME_HELLO, version) + json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_hello(frame: bytes | memoryview) -> tuple[int, dict[str, Any]]:
+    if len(frame) < _HELLO.size or frame[0] != FRAME_HELLO:
+        raise WireError("bad_hello", "expected a HELLO frame")
+    _, version = _HELLO.unpack_from(frame, 0)
+    return version, _json_body(frame, _HELLO.size)
+
+
+def encode_hello_ok(version: int, body: Mapping[str, Any]) -> bytes:
+    return _HELLO.pack(FRAME_HELLO_OK, version) + json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_hello_ok(frame: bytes | memoryview) -> tuple[int, dict[str, Any]]:
+    if len(frame) < _HELLO.size or frame[0] != FRAME_HELLO_OK:
+        raise WireError("bad_hello", "expected a HELLO_OK frame")
+    _, version = _HELLO.unpack_from(frame, 0)
+    return version, _json_body(frame, _HELLO.size)
+
+
+def encode_error(code: str, message: str, **extra: Any) -> bytes:
+    return _json_frame(FRAME_ERROR, {"code": code, "message": message, **extra})
+
+
+def encode_entry_error(sequence_id: int, code: str, message: str) -> bytes:
+    return _json_frame(
+        FRAME_ENTRY_ERROR, {"sequenceId": sequence_id, "code": code, "message": message}
+    )
+
+
+def encode_sealed(body: Mapping[str, Any]) -> bytes:
+    return _json_frame(FRAME_SEALED, body)
+
+
+def decode_json_frame(frame: bytes | memoryview) -> dict[str, Any]:
+    """Body of an ERROR, ENTRY_ERROR or SEALED frame."""
+    return _json_body(frame, 1)
+
+
+def encode_send(entries: Sequence[bytes]) -> bytes:
+    """One SEND frame carrying one or more entries (pipelining happens across frames)."""
+    if not 0 < len(entries) <= MAX_FRAME_ITEMS:
+        raise ValueError("a SEND frame carries 1..65535 entries")
+    parts: list[bytes] = [_COUNT.pack(FRAME_SEND, len(entries))]
+    for entry in entries:
+        parts.append(_SEND_ITEM.pack(len(entry)))
+        parts.append(entry)
+    return b"".join(parts)
+
+
+def decode_send(frame: bytes | memoryview) -> list[memoryview]:
+    """Entries of a SEND frame as zero-copy views (headers are not validated here)."""
+    buf = memoryview(frame)
+    size = len(buf)
+    if size < _COUNT.size or buf[0] != FRAME_SEND:
+        raise WireError("bad_frame", "expected a SEND frame")
+    _, count = _COUNT.unpack_from(buf, 0)
+    if count == 0:
+        raise WireError("bad_frame", "SEND frame without entries")
+    off = _COUNT.size
+    out: list[memoryview] = []
+    for _ in range(count):
+        if off + 4 > size:
+            raise WireError("bad_frame", "SEND frame truncated")
+        (length,) = _SEND_ITEM.unpack_from(buf, off)
+        off += 4
+        if off + length > size:
+            raise WireError("bad_frame", "SEND entry runs past the frame")
+        out.append(buf[off : off + length])
+        off += length
+    if off != size:
+        raise WireError("bad_frame", "trailing bytes after SEND entries")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class SendAck:
+    sequence_id: int
+    position: int
+    status: int
+
+    @property
+    def duplicate(self) -> bool:
+        return self.status == ACK_STATUS_DUPLICATE
+
+
+def encode_send_ack(acks: Sequence[tuple[int, int, int]]) -> bytes:
+    """``acks``: ``(sequence_id, position, status)`` in the order the entries were sent."""
+    parts = [_COUNT.pack(FRAME_SEND_ACK, len(acks))]
+    pack = _ACK_ITEM.pack
+    parts.extend(pack(s, p, st) for s, p, st in acks)
+    return b"".join(parts)
+
+
+def decode_send_ack(frame: bytes | memoryview) -> list[SendAck]:
+    if len(frame) < _COUNT.size or frame[0] != FRAME_SEND_ACK:
+        raise WireError("bad_frame", "expected a SEND_ACK frame")
+    _, count = _COUNT.unpack_from(frame, 0)
+    if len(frame) != _COUNT.size + count * _ACK_ITEM.size:
+        raise WireError("bad_frame", "SEND_ACK frame has the wrong length")
+    return [SendAck(*t) for t in _ACK_ITEM.iter_unpack(memoryview(frame)[_COUNT.size :])]
+
+
+def encode_flow(permits: int) -> bytes:
+    return _FLOW.pack(FRAME_FLOW, permits)
+
+
+def decode_flow(frame: bytes | memoryview) -> int:
+    if len(frame) != _FLOW.size or frame[0] != FRAME_FLOW:
+        raise WireError("bad_frame", "malformed FLOW frame")
+    permits: int = _FLOW.unpack_from(frame, 0)[1]
+    return permits
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveredEntry:
+    position: int
+    redelivery_count: int
+    entry: memoryview
+
+    def header(self) -> EntryHeader:
+        return decode_entry_header(self.entry)
+
+    def messages(self) -> list[Message]:
+        header = decode_entry_header(self.entry)
+        return list(iter_messages(entry_payload(self.entry, header), header.message_count))
+
+
+def encode_deliver(items: Sequence[tuple[int, int, bytes | memoryview]]) -> bytes:
+    """``items``: ``(position, redelivery_count, entry)``."""
+    parts: list[bytes | memoryview] = [_COUNT.pack(FRAME_DELIVER, len(items))]
+    pack = _DELIVER_ITEM.pack
+    for pos, redeliveries, entry in items:
+        parts.append(pack(pos, min(redeliveries, 0xFFFF), len(entry)))
+        parts.append(entry)
+    return b"".join(parts)
+
+
+def decode_deliver(frame: bytes | memoryview) -> list[DeliveredEntry]:
+    buf = memoryview(frame)
+    size = len(buf)
+    if size < _COUNT.size or buf[0] != FRAME_DELIVER:
+        raise WireError("bad_frame", "expected a DELIVER frame")
+    _, count = _COUNT.unpack_from(buf, 0)
+    off = _COUNT.size
+    out: list[DeliveredEntry] = []
+    isize = _DELIVER_ITEM.size
+    for _ in range(count):
+        if off + isize > size:
+            raise WireError("bad_frame", "DELIVER frame truncated")
+        pos, redeliveries, length = _DELIVER_ITEM.unpack_from(buf, off)
+        off += isize
+        if off + length > size:
+            raise WireError("bad_frame", "DELIVER entry runs past the frame")
+        out.append(DeliveredEntry(pos, redeliveries, buf[off : off + length]))
+        off += length
+    if off != size:
+        raise WireError("bad_frame", "trailing bytes after DELIVER entries")
+    return out
+
+
+def encode_ack(positions: Sequence[int], *, cumulative: bool = False) -> bytes:
+    if not 0 < len(positions) <= MAX_FRAME_ITEMS:
+        raise ValueError("an ACK frame carries 1..65535 positions")
+    if cumulative and len(positions) != 1:
+        raise ValueError("a cumulative ACK carries exactly one position")
+    kind = ACK_CUMULATIVE if cumulative else ACK_INDIVIDUAL
+    return _ACK_HEAD.pack(FRAME_ACK, kind, len(positions)) + struct.pack(
+        f"<{len(positions)}q", *positions
+    )
+
+
+def decode_ack(frame: bytes | memoryview) -> tuple[bool, tuple[int, ...]]:
+    """Returns ``(cumulative, positions)``."""
+    if len(frame) < _ACK_HEAD.size or frame[0] != FRAME_ACK:
+        raise WireError("bad_ack", "expected an ACK frame")
+    _, kind, count = _ACK_HEAD.unpack_from(frame, 0)
+    if kind not in (ACK_INDIVIDUAL, ACK_CUMULATIVE):
+        raise WireError("bad_ack", f"unknown ack kind {kind}")
+    if count == 0 or (kind == ACK_CUMULATIVE and count != 1):
+        raise WireError("bad_ack", "wrong number of positions in ACK")
+    if len(frame) != _ACK_HEAD.size + 8 * count:
+        raise WireError("bad_ack", "ACK frame has the wrong length")
+    positions: tuple[int, ...] = struct.unpack_from(f"<{count}q", frame, _ACK_HEAD.size)
+    if min(positions) < 0:
+        raise WireError("bad_ack", "negative position in ACK")
+    return kind == ACK_CUMULATIVE, positions
+
+
+def encode_nack(positions: Sequence[int]) -> bytes:
+    if not 0 < len(positions) <= MAX_FRAME_ITEMS:
+        raise ValueError("a NACK frame carries 1..65535 positions")
+    return _COUNT.pack(FRAME_NACK, len(positions)) + struct.pack(f"<{len(positions)}q", *positions)
+
+
+def decode_nack(frame: bytes | memoryview) -> tuple[int, ...]:
+    if len(frame) < _COUNT.size or frame[0] != FRAME_NACK:
+        raise WireError("bad_ack", "expected a NACK frame")
+    _, count = _COUNT.unpack_from(frame, 0)
+    if count == 0 or len(frame) != _COUNT.size + 8 * count:
+        raise WireError("bad_ack", "NACK frame has the wrong length")
+    positions: tuple[int, ...] = struct.unpack_from(f"<{count}q", frame, _COUNT.size)
+    if min(positions) < 0:
+        raise WireError("bad_ack", "negative position in NACK")
+    return positions
+
+
+def encode_end_of_segment(last_position: int) -> bytes:
+    return _EOS.pack(FRAME_END_OF_SEGMENT, last_position)
+
+
+def decode_end_of_segment(frame: bytes | memoryview) -> int:
+    if len(frame) != _EOS.size or frame[0] != FRAME_END_OF_SEGMENT:
+        raise WireError("bad_frame", "malformed END_OF_SEGMENT frame")
+    last: int = _EOS.unpack_from(frame, 0)[1]
+    return last

@@ -1,0 +1,218 @@
+"""Malformed frames close only their own connection: fuzzed HELLO, SEND and consumer frames
+against a real broker process, while a well-behaved producer keeps producing."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scalable_topics.core import wire
+from scalable_topics.core.wire import Message
+from segment_broker.testing import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+NS, TOPIC = "fuzz", "t"
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(tmp_path_factory.mktemp("fuzz") / "data")
+    proc.start()
+
+    async def setup() -> None:
+        await proc.wait_ready()
+        async with (
+            aiohttp.ClientSession() as s,
+            s.put(
+                f"{proc.url}/admin/v1/segments/{NS}/{TOPIC}/0",
+                json={
+                    "range": {"start": 0, "end": 0xFFFF},
+                    "buckets": 2,
+                    "subscriptions": [{"name": "s", "type": "Queue"}],
+                },
+            ) as resp,
+        ):
+            assert resp.status in (200, 201)
+
+    asyncio.run(setup())
+    yield proc
+    proc.terminate()
+
+
+TERMINATOR = b"\xff"
+"""Not a frame type of either direction: closes any connection that is still open, so every
+exchange ends with a close whose code says how the fuzzed frames were taken."""
+
+
+async def _exchange(url: str, frames: list[bytes]) -> tuple[int | None, list[bytes]]:
+    """Send frames (then TERMINATOR) on a fresh connection; return the close code and the
+    frames the server sent."""
+    received: list[bytes] = []
+    frames = [*frames, TERMINATOR]
+    async with aiohttp.ClientSession() as s, s.ws_connect(url) as ws:
+        for f in frames:
+            if ws.closed:
+                break
+            try:
+                await ws.send_bytes(f)
+            except (ConnectionResetError, aiohttp.ClientError):
+                break
+        async with asyncio.timeout(10):
+            while True:
+                msg = await ws.receive()
+                if msg.type != aiohttp.WSMsgType.BINARY:
+                    break
+                received.append(msg.data)
+        return ws.close_code, received
+
+
+def _hello(body: dict[str, object]) -> bytes:
+    return wire.encode_hello(wire.PROTOCOL_VERSION, body)
+
+
+async def _healthy_produce(url: str) -> int:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.ws_connect(f"{url}/ws/v1/produce/{NS}/{TOPIC}/0") as ws,
+    ):
+        await ws.send_bytes(_hello({"producerName": "healthy"}))
+        ok = await ws.receive()
+        assert ok.data[0] == wire.FRAME_HELLO_OK
+        last = wire.decode_hello_ok(ok.data)[1]["lastSequenceId"]
+        entry = wire.encode_entry("healthy", last + 1, [Message(value=b"ok", key=b"k")])
+        await ws.send_bytes(wire.encode_send([entry]))
+        ack = await ws.receive()
+        assert ack.data[0] == wire.FRAME_SEND_ACK, ack
+        return wire.decode_send_ack(ack.data)[0].position
+
+
+ACCEPTABLE = {wire.CLOSE_PROTOCOL_ERROR, wire.CLOSE_UNSUPPORTED_VERSION}
+
+
+def _valid_entry() -> bytes:
+    return wire.encode_entry("fuzzer", 1, [Message(value=b"v", key=b"k")])
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    hello=st.one_of(st.binary(max_size=64), st.just(b"")),
+    frames=st.lists(st.binary(max_size=200), max_size=3),
+)
+def test_garbage_hello_and_frames(broker: BrokerProcess, hello: bytes, frames: list[bytes]) -> None:
+    url = f"{broker.url}/ws/v1/produce/{NS}/{TOPIC}/0"
+    code, _ = asyncio.run(_exchange(url, [hello, *frames]))
+    assert code in ACCEPTABLE
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), min_size=1, max_size=4),
+    cut=st.integers(0, 64),
+)
+def test_mutated_send_frames(broker: BrokerProcess, flips: list[tuple[int, int]], cut: int) -> None:
+    frame = bytearray(wire.encode_send([_valid_entry(), _valid_entry()]))
+    for index, mask in flips:
+        frame[index % len(frame)] ^= mask
+    if cut:
+        del frame[len(frame) - cut % len(frame) :]
+    url = f"{broker.url}/ws/v1/produce/{NS}/{TOPIC}/0"
+    code, received = asyncio.run(_exchange(url, [_hello({"producerName": "fuzzer"}), bytes(frame)]))
+    assert code in ACCEPTABLE
+    assert received and received[0][0] == wire.FRAME_HELLO_OK
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    frame=st.one_of(
+        st.binary(max_size=40),
+        st.builds(lambda n: struct.pack("<BI", wire.FRAME_FLOW, n), st.integers(0, 2**32 - 1)),
+        st.builds(
+            lambda kind, positions: struct.pack(
+                f"<BBH{len(positions)}q", wire.FRAME_ACK, kind, len(positions), *positions
+            ),
+            st.integers(0, 3),
+            st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4),
+        ),
+    )
+)
+def test_garbage_consumer_frames(broker: BrokerProcess, frame: bytes) -> None:
+    url = f"{broker.url}/ws/v1/consume/{NS}/{TOPIC}/0/s"
+    hello = _hello({"consumerName": "fuzz-consumer", "buckets": [0, 1], "permits": 0})
+    code, _ = asyncio.run(_exchange(url, [hello, frame]))
+    assert code in ACCEPTABLE | {wire.CLOSE_BUCKET_CONFLICT}
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(max_size=10),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    body=st.one_of(
+        json_values,
+        st.fixed_dictionaries(
+            {"range": json_values, "buckets": json_values, "subscriptions": json_values},
+            optional={"retention": json_values},
+        ),
+    ),
+    route=st.sampled_from(["", "/terminate", "/subscriptions/x"]),
+)
+def test_admin_answers_garbage_bodies_with_client_errors(
+    broker: BrokerProcess, body: object, route: str
+) -> None:
+    async def call() -> int:
+        method = "POST" if route == "/terminate" else "PUT"
+        url = f"{broker.url}/admin/v1/segments/{NS}/other/7{route}"
+        async with aiohttp.ClientSession() as s, s.request(method, url, json=body) as resp:
+            return resp.status
+
+    assert asyncio.run(call()) in (200, 201, 400, 404, 409)
+
+
+def test_broker_survives_the_fuzzing(broker: BrokerProcess) -> None:
+    """Runs last in this module: the broker process is alive, serves a healthy producer, and
+    counted the protocol errors."""
+
+    async def check() -> str:
+        before = await _healthy_produce(broker.url)
+        after = await _healthy_produce(broker.url)
+        assert after == before + 1
+        async with aiohttp.ClientSession() as s, s.get(broker.url + "/metrics") as resp:
+            return await resp.text()
+
+    assert broker.proc is not None and broker.proc.poll() is None
+    metrics = asyncio.run(check())
+    counted = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("segment_broker_protocol_errors_total{")
+    ]
+    assert sum(counted) > 0
+    assert "Traceback" not in broker.logs()

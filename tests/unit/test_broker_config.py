@@ -1,0 +1,32 @@
+"""Broker settings from the command line and SEGMENT_BROKER_* environment variables."""
+
+from __future__ import annotations
+
+import pytest
+from segment_broker.config import BrokerConfig, parse_config
+
+
+def test_cli_wins_over_environment_and_defaults_apply() -> None:
+    env = {"SEGMENT_BROKER_PORT": "9000", "SEGMENT_BROKER_FSYNC": "interval"}
+    cfg = parse_config(["--data-dir", "/d", "--port", "8081"], env)
+    assert (cfg.port, cfg.fsync, cfg.data_dir) == (8081, "interval", "/d")
+    assert cfg.fsync_interval_ms == BrokerConfig(data_dir="x").fsync_interval_ms
+    assert parse_config([], {"SEGMENT_BROKER_DATA_DIR": "/e", "SEGMENT_BROKER_UVLOOP": "no"}) == (
+        BrokerConfig(data_dir="/e", uvloop=False)
+    )
+    cfg = parse_config(["--data-dir", "/d", "--admin-token-file", "/t", "--no-uvloop"], {})
+    assert cfg.admin_token_file == "/t" and cfg.uvloop is False
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--data-dir", "/d", "--fsync", "sometimes"],
+        ["--data-dir", "/d", "--roll-bytes", "0"],
+        ["--data-dir", "/d", "--port", "70000"],
+    ],
+)
+def test_invalid_settings_are_rejected(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(argv, {})

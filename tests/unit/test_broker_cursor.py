@@ -1,0 +1,56 @@
+"""Subscription cursors: ack floor plus individually acknowledged ranges, against a set model."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+from segment_broker.storage.cursor import Cursor, SubscriptionType
+
+ops = st.lists(st.tuples(st.sampled_from(["ack", "cumulative"]), st.integers(0, 60)), max_size=80)
+
+
+@given(ops)
+def test_cursor_matches_a_set_of_acked_positions(operations: list[tuple[str, int]]) -> None:
+    cur = Cursor(name="s", type=SubscriptionType.QUEUE)
+    acked: set[int] = set()
+    for op, pos in operations:
+        if op == "ack":
+            cur.ack(pos)
+            acked.add(pos)
+        else:
+            cur.ack_cumulative(pos)
+            acked.update(range(pos + 1))
+        floor = 0
+        while floor in acked:
+            floor += 1
+        assert cur.ack_floor == floor
+        for p in range(70):
+            assert cur.is_acked(p) == (p in acked)
+        assert cur.backlog(70) == 70 - len(acked)
+        assert cur.backlog(30) == 30 - len([p for p in acked if p < 30])
+        first_free = next(p for p in range(10, 200) if p not in acked)
+        assert cur.next_unacked(10) == first_free
+        assert all(s < e for s, e in zip(cur.starts, cur.ends, strict=True))
+        assert all(e < s for e, s in zip(cur.ends, cur.starts[1:], strict=False))
+    again = Cursor.from_json(cur.to_json())
+    assert (again.ack_floor, again.starts, again.ends, again.acked_above) == (
+        cur.ack_floor,
+        cur.starts,
+        cur.ends,
+        cur.acked_above,
+    )
+
+
+def test_ack_reports_whether_anything_changed() -> None:
+    cur = Cursor(name="s", type=SubscriptionType.EXCLUSIVE)
+    assert cur.ack(3)
+    assert not cur.ack(3)
+    assert cur.ack_cumulative(5)
+    assert not cur.ack(2)
+    assert cur.ack_floor == 6 and not cur.starts
+
+
+def test_subscription_type_aliases() -> None:
+    assert SubscriptionType.parse("Stream") is SubscriptionType.EXCLUSIVE
+    assert SubscriptionType.parse("key_shared") is SubscriptionType.KEY_SHARED
+    assert SubscriptionType.parse("Shared") is SubscriptionType.QUEUE

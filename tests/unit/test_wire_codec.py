@@ -1,0 +1,137 @@
+"""The binary wire codec shared by the broker and the client (docs/protocol.md)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from scalable_topics.core import buckets as core_buckets
+from scalable_topics.core import wire
+from scalable_topics.core.hashing import bucket_hash, segment_hash
+from scalable_topics.core.wire import Message, WireError
+
+keys = st.one_of(st.none(), st.binary(max_size=40))
+messages = st.builds(
+    Message,
+    value=st.binary(max_size=100),
+    key=keys,
+    timestamp_ms=st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
+    properties=st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+)
+
+
+@given(
+    name=st.text(min_size=1, max_size=30),
+    seq=st.integers(0, 2**63 - 1),
+    msgs=st.lists(messages, min_size=1, max_size=20),
+)
+def test_entry_round_trip_and_hash_summary(name: str, seq: int, msgs: list[Message]) -> None:
+    entry = wire.encode_entry(name, seq, msgs, publish_time_ms=123)
+    header, decoded = wire.decode_entry(entry)
+    assert decoded == msgs
+    assert (header.producer_name, header.sequence_id, header.message_count) == (
+        name,
+        seq,
+        len(msgs),
+    )
+    assert header.publish_time_ms == 123
+    keyed = [m.key for m in msgs if m.key is not None]
+    assert header.keyed == bool(keyed)
+    if keyed:
+        hb = [bucket_hash(k) for k in keyed]
+        assert (header.hashb_min, header.hashb_max) == (min(hb), max(hb))
+        assert header.key_hash_sample == segment_hash(keyed[0])
+        assert wire.entry_bucket_hash(entry) == min(hb)
+    else:
+        assert header.key_hash_sample is None
+        assert wire.entry_bucket_hash(entry) is None
+
+
+def test_known_hash_values_reach_the_header() -> None:
+    header, _ = wire.decode_entry(wire.encode_entry("p", 0, [Message(b"v", key=b"hello")]))
+    assert (header.hashb_min, header.hashb_max, header.key_hash_sample) == (0xFA47, 0xFA47, 0x248B)
+
+
+@given(st.lists(st.tuples(st.binary(min_size=1, max_size=20), st.binary(max_size=50)), min_size=1))
+def test_fast_paths_match_the_general_encoder(pairs: list[tuple[bytes, bytes]]) -> None:
+    ks = [k for k, _ in pairs]
+    vs = [v for _, v in pairs]
+    fast = wire.encode_keyed_values(ks, vs)
+    general = wire.encode_messages([Message(v, key=k) for k, v in pairs])
+    assert fast == general
+    assert wire.encode_values(vs) == wire.encode_messages([Message(v) for v in vs])[0]
+
+
+@given(st.integers(0, 0xFFFF), st.integers(1, 1024))
+def test_bucket_of_matches_core(hashb: int, n: int) -> None:
+    assert wire.bucket_of(hashb, n) == core_buckets.bucket_of(hashb, n)
+
+
+@given(st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=20))
+def test_send_frame_round_trip(entries: list[bytes]) -> None:
+    assert [bytes(e) for e in wire.decode_send(wire.encode_send(entries))] == entries
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(-1, 2**62), st.integers(0, 1))))
+def test_send_ack_round_trip(acks: list[tuple[int, int, int]]) -> None:
+    decoded = wire.decode_send_ack(wire.encode_send_ack(acks))
+    assert [(a.sequence_id, a.position, a.status) for a in decoded] == acks
+
+
+def test_consumer_frames_round_trip() -> None:
+    items = [(5, 0, b"abc"), (9, 2, b"")]
+    got = wire.decode_deliver(wire.encode_deliver(items))
+    assert [(d.position, d.redelivery_count, bytes(d.entry)) for d in got] == items
+    assert wire.decode_flow(wire.encode_flow(77)) == 77
+    assert wire.decode_ack(wire.encode_ack([1, 2, 3])) == (False, (1, 2, 3))
+    assert wire.decode_ack(wire.encode_ack([9], cumulative=True)) == (True, (9,))
+    assert wire.decode_nack(wire.encode_nack([4])) == (4,)
+    assert wire.decode_end_of_segment(wire.encode_end_of_segment(-1)) == -1
+    version, body = wire.decode_hello(wire.encode_hello(1, {"producerName": "p"}))
+    assert (version, body) == (1, {"producerName": "p"})
+
+
+@pytest.mark.parametrize(
+    ("entry", "kind"),
+    [
+        (b"", "bad_entry"),
+        (wire.encode_entry("p", 1, [Message(b"v")])[:-1], "bad_entry"),
+        (b"\x02" + wire.encode_entry("p", 1, [Message(b"v")])[1:], "bad_entry"),
+        (wire.encode_entry_raw(b"", 1, b"x", 1), "bad_entry"),
+        (wire.encode_entry_raw(b"p", 1, b"", 0), "bad_entry"),
+        (
+            wire.encode_entry_raw(b"p", 1, b"x", 1, keyed=True, hashb_min=9, hashb_max=3),
+            "bad_entry",
+        ),
+    ],
+)
+def test_bad_entries_are_rejected(entry: bytes, kind: str) -> None:
+    with pytest.raises(WireError) as info:
+        wire.decode_entry_header(entry)
+    assert info.value.kind == kind
+
+
+@given(st.binary(max_size=200))
+def test_decoders_raise_only_wire_errors(data: bytes) -> None:
+    for decode in (
+        wire.decode_entry,
+        wire.decode_send,
+        wire.decode_send_ack,
+        wire.decode_deliver,
+        wire.decode_flow,
+        wire.decode_ack,
+        wire.decode_nack,
+        wire.decode_hello,
+        wire.decode_end_of_segment,
+        wire.decode_json_frame,
+    ):
+        with contextlib.suppress(WireError):
+            decode(data)
+
+
+@given(st.binary(max_size=200))
+def test_message_decoder_raises_only_wire_errors(payload: bytes) -> None:
+    with contextlib.suppress(WireError):
+        list(wire.iter_messages(payload))
