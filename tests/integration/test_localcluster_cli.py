@@ -81,7 +81,10 @@ async def test_sigterm_stops_local_up(tmp_path: Path) -> None:
 async def test_kubelet_missing_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import scalable_topics.localcluster as package
+
     monkeypatch.setitem(sys.modules, "scalable_topics.localcluster.kubelet", None)
+    monkeypatch.delattr(package, "kubelet", raising=False)
     with pytest.raises(KubeletUnavailable, match="--no-kubelet"):
         async with LocalCluster(tmp_path / "c", kubelet=True):
             pass
