@@ -1,0 +1,100 @@
+"""What the recommender needs from a ScalableTopic object, read without trusting it.
+
+Pure functions over the object as the API server returns it (a ``dict``): the current layout
+(``status.layout``), the effective auto-scale policy (``spec.autoScale`` over the operator
+defaults), the stream subscriptions' consumer counts (``status.subscriptions``), and entry-bucket
+counts from the topic's Segment objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scalable_topics.core.layout import SegmentLayout
+from scalable_topics.core.policy import DEFAULT_POLICY, AutoScalePolicy
+from scalable_topics.core.resources import (
+    LABEL_TOPIC,
+    SubscriptionType,
+    parse_topic_spec,
+)
+
+
+@dataclass(frozen=True)
+class TopicState:
+    """A topic as the recommender sees it; ``problem`` says why it cannot be planned."""
+
+    namespace: str
+    name: str
+    generation: int | None
+    layout: SegmentLayout | None
+    policy: AutoScalePolicy
+    stream_consumers: Mapping[str, int] = field(default_factory=dict)
+    problem: str | None = None
+
+
+def stream_consumers(obj: Mapping[str, Any]) -> dict[str, int]:
+    """Registered consumers per Stream subscription (the type from status, else from spec)."""
+    spec_types = {
+        str(s.get("name")): str(s.get("type"))
+        for s in (obj.get("spec") or {}).get("subscriptions") or []
+        if isinstance(s, Mapping)
+    }
+    counts: dict[str, int] = {}
+    for sub in (obj.get("status") or {}).get("subscriptions") or []:
+        if not isinstance(sub, Mapping) or not sub.get("name"):
+            continue
+        name = str(sub["name"])
+        kind = sub.get("type") or spec_types.get(name)
+        if kind != SubscriptionType.STREAM.value:
+            continue
+        consumers = sub.get("consumers") or []
+        counts[name] = len(consumers) if isinstance(consumers, list | Mapping) else 0
+    return counts
+
+
+def topic_state(obj: Mapping[str, Any], defaults: AutoScalePolicy = DEFAULT_POLICY) -> TopicState:
+    metadata = obj.get("metadata") or {}
+    namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
+    generation = metadata.get("generation")
+    problem = None
+    try:
+        policy = parse_topic_spec(obj.get("spec") or {}).policy(None, defaults)
+    except ValueError as exc:
+        policy, problem = defaults, f"invalid spec: {exc}"
+    layout = None
+    raw_layout = (obj.get("status") or {}).get("layout")
+    if problem is None:
+        if not raw_layout:
+            problem = "no status.layout yet"
+        else:
+            try:
+                layout = SegmentLayout.from_metadata(raw_layout)
+            except ValueError as exc:
+                problem = f"invalid status.layout: {exc}"
+    return TopicState(
+        namespace=namespace,
+        name=name,
+        generation=int(generation) if isinstance(generation, int) else None,
+        layout=layout,
+        policy=policy,
+        stream_consumers=stream_consumers(obj),
+        problem=problem,
+    )
+
+
+def segment_buckets(segments: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], dict[int, int]]:
+    """Bucket counts by topic from Segment objects (``spec.topic``/label, ``spec.segmentId``,
+    ``spec.buckets``)."""
+    result: dict[tuple[str, str], dict[int, int]] = {}
+    for seg in segments:
+        metadata = seg.get("metadata") or {}
+        spec = seg.get("spec") or {}
+        topic = spec.get("topic") or (metadata.get("labels") or {}).get(LABEL_TOPIC)
+        segment_id, buckets = spec.get("segmentId"), spec.get("buckets", 1)
+        if not topic or not isinstance(segment_id, int) or not isinstance(buckets, int):
+            continue
+        key = (str(metadata.get("namespace", "")), str(topic))
+        result.setdefault(key, {})[segment_id] = buckets
+    return result
