@@ -8,12 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import pytest
 from kubernetes import client, config, watch
-from kubernetes.client.rest import ApiException
+from kubernetes.client import (
+    EventsV1Event,
+    V1ConfigMap,
+    V1Lease,
+    V1LeaseSpec,
+    V1ObjectMeta,
+    V1ObjectReference,
+    V1OwnerReference,
+)
+from kubernetes.client.exceptions import ApiException
 from scalable_topics.localcluster.cluster import LocalCluster
 
 from .conftest import eventually
@@ -27,16 +38,58 @@ WIDGETS_CRD = (
 
 
 def _api(cluster: LocalCluster) -> client.ApiClient:
-    return config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(cluster.kubeconfig)
+    )
+    return api
 
 
-def _lease(name: str, holder: str = "a") -> dict[str, Any]:
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {"name": name},
-        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15},
-    }
+def _lease(name: str, holder: str = "a") -> V1Lease:
+    return V1Lease(
+        api_version="coordination.k8s.io/v1",
+        kind="Lease",
+        metadata=V1ObjectMeta(name=name),
+        spec=V1LeaseSpec(holder_identity=holder, lease_duration_seconds=15),
+    )
+
+
+def _config_map(name: str, data: dict[str, str] | None = None) -> V1ConfigMap:
+    return V1ConfigMap(metadata=V1ObjectMeta(name=name), data=data)
+
+
+class _Object(Protocol):
+    @property
+    def metadata(self) -> V1ObjectMeta | None: ...
+
+
+def _meta(obj: _Object) -> V1ObjectMeta:
+    """The metadata of an object the server returned, which always carries some."""
+    assert obj.metadata is not None, f"{type(obj).__name__} came back without metadata"
+    return obj.metadata
+
+
+def _name(obj: _Object) -> str:
+    name = _meta(obj).name
+    assert name, f"{type(obj).__name__} came back without metadata.name"
+    return name
+
+
+def _uid(obj: _Object) -> str:
+    uid = _meta(obj).uid
+    assert uid, f"{_name(obj)} came back without metadata.uid"
+    return uid
+
+
+def _rv(obj: _Object) -> str:
+    rv = _meta(obj).resource_version
+    assert rv, f"{_name(obj)} came back without metadata.resourceVersion"
+    return rv
+
+
+def _body(exc: ApiException) -> str:
+    """The error response's body: every failure checked here is an HTTP error with a Status."""
+    assert exc.body is not None, f"ApiException {exc.status} without a response body"
+    return exc.body
 
 
 async def test_stale_replace_conflicts_and_one_concurrent_writer_wins(
@@ -44,25 +97,27 @@ async def test_stale_replace_conflicts_and_one_concurrent_writer_wins(
 ) -> None:
     api = client.CoordinationV1Api(_api(local_cluster))
     created = await asyncio.to_thread(api.create_namespaced_lease, NS, _lease("shard-0"))
-    rv0 = created.metadata.resource_version
+    rv0 = _rv(created)
 
+    assert created.spec is not None
     created.spec.holder_identity = "b"
     updated = await asyncio.to_thread(api.replace_namespaced_lease, "shard-0", NS, created)
-    assert int(updated.metadata.resource_version) > int(rv0)
+    assert int(_rv(updated)) > int(rv0)
 
     stale = await asyncio.to_thread(api.read_namespaced_lease, "shard-0", NS)
-    stale.metadata.resource_version = rv0
+    _meta(stale).resource_version = rv0
     with pytest.raises(ApiException) as info:
         await asyncio.to_thread(api.replace_namespaced_lease, "shard-0", NS, stale)
     assert info.value.status == 409
-    assert '"reason":"Conflict"' in info.value.body
+    assert '"reason":"Conflict"' in _body(info.value)
 
     current = await asyncio.to_thread(api.read_namespaced_lease, "shard-0", NS)
     barrier = threading.Barrier(2)
 
     def contend(holder: str) -> str:
-        body = client.ApiClient().sanitize_for_serialization(current)
-        body["spec"]["holderIdentity"] = holder
+        body = current.model_copy(deep=True)
+        assert body.spec is not None
+        body.spec.holder_identity = holder
         own = client.CoordinationV1Api(_api(local_cluster))
         barrier.wait()
         try:
@@ -74,6 +129,7 @@ async def test_stale_replace_conflicts_and_one_concurrent_writer_wins(
     results = await asyncio.gather(asyncio.to_thread(contend, "x"), asyncio.to_thread(contend, "y"))
     assert sorted(results) == ["lost:409", "won"]
     final = await asyncio.to_thread(api.read_namespaced_lease, "shard-0", NS)
+    assert final.spec is not None
     assert final.spec.holder_identity in ("x", "y")
 
 
@@ -82,6 +138,7 @@ async def test_watch_resumes_in_order_and_lists_carry_resource_version(
 ) -> None:
     core = client.CoreV1Api(_api(local_cluster))
     listed = await asyncio.to_thread(core.list_namespaced_config_map, NS)
+    assert listed.metadata is not None
     since = listed.metadata.resource_version
     assert since
 
@@ -90,27 +147,29 @@ async def test_watch_resumes_in_order_and_lists_carry_resource_version(
         cm = await asyncio.to_thread(
             core.create_namespaced_config_map,
             NS,
-            {"metadata": {"name": f"cm-{i}", "labels": {"idx": str(i)}}, "data": {"v": "0"}},
+            V1ConfigMap(
+                metadata=V1ObjectMeta(name=f"cm-{i}", labels={"idx": str(i)}), data={"v": "0"}
+            ),
         )
-        expected.append(("ADDED", f"cm-{i}", cm.metadata.resource_version))
+        expected.append(("ADDED", f"cm-{i}", _rv(cm)))
     for i in (3, 1):
         cm = await asyncio.to_thread(
             core.patch_namespaced_config_map, f"cm-{i}", NS, {"data": {"v": "1"}}
         )
-        expected.append(("MODIFIED", f"cm-{i}", cm.metadata.resource_version))
+        expected.append(("MODIFIED", f"cm-{i}", _rv(cm)))
     await asyncio.to_thread(core.delete_namespaced_config_map, "cm-0", NS)
     expected.append(("DELETED", "cm-0", ""))
 
     def collect() -> list[tuple[str, str, str]]:
         seen: list[tuple[str, str, str]] = []
-        w = watch.Watch()
-        for event in w.stream(
+        w = watch.Watch()  # type: ignore[no-untyped-call]
+        for event in w.stream(  # type: ignore[no-untyped-call]
             core.list_namespaced_config_map, NS, resource_version=since, timeout_seconds=10
         ):
-            obj = event["object"]
-            seen.append((event["type"], obj.metadata.name, obj.metadata.resource_version))
+            obj: V1ConfigMap = event["object"]
+            seen.append((event["type"], _name(obj), _rv(obj)))
             if len(seen) == len(expected):
-                w.stop()
+                w.stop()  # type: ignore[no-untyped-call]
         return seen
 
     seen = await asyncio.to_thread(collect)
@@ -122,11 +181,11 @@ async def test_watch_resumes_in_order_and_lists_carry_resource_version(
     by_label = await asyncio.to_thread(
         core.list_namespaced_config_map, NS, label_selector="idx in (1,3)"
     )
-    assert sorted(c.metadata.name for c in by_label.items) == ["cm-1", "cm-3"]
+    assert sorted(_name(c) for c in by_label.items) == ["cm-1", "cm-3"]
     by_field = await asyncio.to_thread(
         core.list_namespaced_config_map, NS, field_selector="metadata.name!=cm-2"
     )
-    assert "cm-2" not in {c.metadata.name for c in by_field.items}
+    assert "cm-2" not in {_name(c) for c in by_field.items}
     everywhere = await asyncio.to_thread(
         core.list_config_map_for_all_namespaces, label_selector="!idx"
     )
@@ -137,7 +196,7 @@ async def test_watch_from_a_too_old_resource_version_gets_410(tmp_path: Path) ->
     async with LocalCluster(tmp_path / "c", kubelet=False, history_size=4) as cluster:
         core = client.CoreV1Api(_api(cluster))
         first = await asyncio.to_thread(
-            core.create_namespaced_config_map, NS, {"metadata": {"name": "a"}, "data": {"n": "0"}}
+            core.create_namespaced_config_map, NS, _config_map("a", {"n": "0"})
         )
         for n in range(1, 8):
             await asyncio.to_thread(
@@ -145,10 +204,10 @@ async def test_watch_from_a_too_old_resource_version_gets_410(tmp_path: Path) ->
             )
 
         def old_watch() -> None:
-            for _ in watch.Watch().stream(
+            for _ in watch.Watch().stream(  # type: ignore[no-untyped-call]
                 core.list_namespaced_config_map,
                 NS,
-                resource_version=first.metadata.resource_version,
+                resource_version=_rv(first),
                 timeout_seconds=5,
             ):
                 pass
@@ -168,24 +227,26 @@ async def test_restart_keeps_objects_uids_and_resource_versions(tmp_path: Path) 
         assert cluster.token == token
         api = client.CoordinationV1Api(_api(cluster))
         again = await asyncio.to_thread(api.read_namespaced_lease, "keep", NS)
-        assert again.metadata.uid == lease.metadata.uid
-        assert again.metadata.resource_version == lease.metadata.resource_version
-        assert again.metadata.creation_timestamp == lease.metadata.creation_timestamp
+        assert _uid(again) == _uid(lease)
+        assert _rv(again) == _rv(lease)
+        assert _meta(again).creation_timestamp == _meta(lease).creation_timestamp
         other = await asyncio.to_thread(api.create_namespaced_lease, NS, _lease("new"))
-        assert int(other.metadata.resource_version) > int(lease.metadata.resource_version)
+        assert int(_rv(other)) > int(_rv(lease))
         namespaces = await asyncio.to_thread(client.CoreV1Api(_api(cluster)).list_namespace)
-        assert {"default", "kube-system"} <= {n.metadata.name for n in namespaces.items}
+        assert {"default", "kube-system"} <= {_name(n) for n in namespaces.items}
 
 
 async def test_owner_references_are_garbage_collected(local_cluster: LocalCluster) -> None:
     core = client.CoreV1Api(_api(local_cluster))
 
-    async def make(name: str, owners: list[tuple[str, str, bool]] = ()) -> Any:  # type: ignore[assignment]
+    async def make(name: str, owners: Sequence[tuple[str, str, bool]] = ()) -> V1ConfigMap:
         refs = [
-            {"apiVersion": "v1", "kind": "ConfigMap", "name": n, "uid": u, "blockOwnerDeletion": b}
+            V1OwnerReference(
+                api_version="v1", kind="ConfigMap", name=n, uid=u, block_owner_deletion=b
+            )
             for n, u, b in owners
         ]
-        body = {"metadata": {"name": name, "ownerReferences": refs} if refs else {"name": name}}
+        body = V1ConfigMap(metadata=V1ObjectMeta(name=name, owner_references=refs or None))
         return await asyncio.to_thread(core.create_namespaced_config_map, NS, body)
 
     async def exists(name: str) -> bool:
@@ -199,31 +260,31 @@ async def test_owner_references_are_garbage_collected(local_cluster: LocalCluste
     # Background: the dependent goes after its owner; a second owner keeps it alive.
     owner = await make("owner")
     other = await make("other")
-    await make("child", [("owner", owner.metadata.uid, False)])
-    shared = await make(
-        "shared", [("owner", owner.metadata.uid, False), ("other", other.metadata.uid, False)]
-    )
+    await make("child", [("owner", _uid(owner), False)])
+    shared = await make("shared", [("owner", _uid(owner), False), ("other", _uid(other), False)])
     await asyncio.to_thread(core.delete_namespaced_config_map, "owner", NS)
     await eventually(lambda: _not(exists("child")))
     assert local_cluster.gc is not None
     await local_cluster.gc.idle()
     kept = await asyncio.to_thread(core.read_namespaced_config_map, "shared", NS)
-    assert [r.uid for r in kept.metadata.owner_references] == [other.metadata.uid]
-    assert kept.metadata.uid == shared.metadata.uid
+    kept_refs = _meta(kept).owner_references
+    assert kept_refs is not None, "the surviving owner's reference is kept"
+    assert [r.uid for r in kept_refs] == [_uid(other)]
+    assert _uid(kept) == _uid(shared)
 
     # Orphan: the dependent stays and loses its reference.
     owner2 = await make("owner2")
-    await make("orphan", [("owner2", owner2.metadata.uid, False)])
+    await make("orphan", [("owner2", _uid(owner2), False)])
     await asyncio.to_thread(
         core.delete_namespaced_config_map, "owner2", NS, propagation_policy="Orphan"
     )
     await eventually(lambda: _not(exists("owner2")))
     orphan = await asyncio.to_thread(core.read_namespaced_config_map, "orphan", NS)
-    assert not orphan.metadata.owner_references
+    assert not _meta(orphan).owner_references
 
     # Foreground: the owner waits for a blocking dependent that has a finalizer of its own.
     owner3 = await make("owner3")
-    await make("blocker", [("owner3", owner3.metadata.uid, True)])
+    await make("blocker", [("owner3", _uid(owner3), True)])
     await asyncio.to_thread(
         core.patch_namespaced_config_map, "blocker", NS, {"metadata": {"finalizers": ["test/hold"]}}
     )
@@ -232,10 +293,11 @@ async def test_owner_references_are_garbage_collected(local_cluster: LocalCluste
     )
     await local_cluster.gc.idle()
     waiting = await asyncio.to_thread(core.read_namespaced_config_map, "owner3", NS)
-    assert waiting.metadata.deletion_timestamp is not None
-    assert "foregroundDeletion" in waiting.metadata.finalizers
+    assert _meta(waiting).deletion_timestamp is not None
+    waiting_finalizers = _meta(waiting).finalizers
+    assert waiting_finalizers is not None and "foregroundDeletion" in waiting_finalizers
     blocker = await asyncio.to_thread(core.read_namespaced_config_map, "blocker", NS)
-    assert blocker.metadata.deletion_timestamp is not None
+    assert _meta(blocker).deletion_timestamp is not None
     await asyncio.to_thread(
         core.patch_namespaced_config_map, "blocker", NS, {"metadata": {"finalizers": None}}
     )
@@ -243,7 +305,7 @@ async def test_owner_references_are_garbage_collected(local_cluster: LocalCluste
     assert not await exists("blocker")
 
 
-async def _not(value: Any) -> bool:
+async def _not(value: Awaitable[bool]) -> bool:
     return not await value
 
 
@@ -252,41 +314,35 @@ async def test_errors_are_kubernetes_status_objects(local_cluster: LocalCluster)
     with pytest.raises(ApiException) as missing:
         await asyncio.to_thread(core.read_namespaced_config_map, "nope", NS)
     assert missing.value.status == 404
-    assert '"message":"configmaps \\"nope\\" not found"' in missing.value.body
-    await asyncio.to_thread(core.create_namespaced_config_map, NS, {"metadata": {"name": "dup"}})
+    assert '"message":"configmaps \\"nope\\" not found"' in _body(missing.value)
+    await asyncio.to_thread(core.create_namespaced_config_map, NS, _config_map("dup"))
     with pytest.raises(ApiException) as dup:
-        await asyncio.to_thread(
-            core.create_namespaced_config_map, NS, {"metadata": {"name": "dup"}}
-        )
-    assert dup.value.status == 409 and '"reason":"AlreadyExists"' in dup.value.body
+        await asyncio.to_thread(core.create_namespaced_config_map, NS, _config_map("dup"))
+    assert dup.value.status == 409 and '"reason":"AlreadyExists"' in _body(dup.value)
     with pytest.raises(ApiException) as bad_name:
-        await asyncio.to_thread(
-            core.create_namespaced_config_map, NS, {"metadata": {"name": "Bad_Name"}}
-        )
-    assert bad_name.value.status == 422 and '"field":"metadata.name"' in bad_name.value.body
+        await asyncio.to_thread(core.create_namespaced_config_map, NS, _config_map("Bad_Name"))
+    assert bad_name.value.status == 422 and '"field":"metadata.name"' in _body(bad_name.value)
     with pytest.raises(ApiException) as no_ns:
-        await asyncio.to_thread(
-            core.create_namespaced_config_map, "missing", {"metadata": {"name": "x"}}
-        )
-    assert no_ns.value.status == 404 and 'namespaces \\"missing\\" not found' in no_ns.value.body
+        await asyncio.to_thread(core.create_namespaced_config_map, "missing", _config_map("x"))
+    assert no_ns.value.status == 404 and 'namespaces \\"missing\\" not found' in _body(no_ns.value)
 
 
 async def test_events_k8s_io_and_core_events_share_storage(local_cluster: LocalCluster) -> None:
     events_v1 = client.EventsV1Api(_api(local_cluster))
     core = client.CoreV1Api(_api(local_cluster))
-    body = {
-        "apiVersion": "events.k8s.io/v1",
-        "kind": "Event",
-        "metadata": {"name": "lease.1"},
-        "eventTime": "2026-01-01T00:00:00.000000Z",
-        "reportingController": "scalabletopics.io/operator",
-        "reportingInstance": "operator-0",
-        "action": "Split",
-        "reason": "SegmentSplit",
-        "note": "segment 0 split into 1 and 2",
-        "type": "Normal",
-        "regarding": {"apiVersion": "v1", "kind": "ConfigMap", "name": "topic", "namespace": NS},
-    }
+    body = EventsV1Event(
+        api_version="events.k8s.io/v1",
+        kind="Event",
+        metadata=V1ObjectMeta(name="lease.1"),
+        event_time=datetime(2026, 1, 1, tzinfo=UTC),
+        reporting_controller="scalabletopics.io/operator",
+        reporting_instance="operator-0",
+        action="Split",
+        reason="SegmentSplit",
+        note="segment 0 split into 1 and 2",
+        type="Normal",
+        regarding=V1ObjectReference(api_version="v1", kind="ConfigMap", name="topic", namespace=NS),
+    )
     await asyncio.to_thread(events_v1.create_namespaced_event, NS, body)
     found = await asyncio.to_thread(
         core.list_namespaced_event,
@@ -297,6 +353,7 @@ async def test_events_k8s_io_and_core_events_share_storage(local_cluster: LocalC
         ("SegmentSplit", "segment 0 split into 1 and 2", "scalabletopics.io/operator")
     ]
     again = await asyncio.to_thread(events_v1.read_namespaced_event, "lease.1", NS)
+    assert again.regarding is not None
     assert again.note == "segment 0 split into 1 and 2" and again.regarding.name == "topic"
 
 
@@ -320,8 +377,9 @@ async def test_field_validation_strict_rejects_unknown_fields(local_cluster: Loc
             field_validation="Strict",
         )
     assert strict.value.status == 400
-    assert 'strict decoding error: unknown field \\"spec.surprise\\"' in strict.value.body
+    assert 'strict decoding error: unknown field \\"spec.surprise\\"' in _body(strict.value)
     created = await asyncio.to_thread(
         custom.create_namespaced_custom_object, "test.stopic.io", "v1", NS, "widgets", body
     )
+    assert isinstance(created, dict), "custom objects come back as decoded JSON"
     assert "surprise" not in created["spec"]

@@ -106,7 +106,7 @@ async def test_status_wait_patch_scale_and_finalizers(kubectl: Kubectl) -> None:
     await _setup_crd(kubectl)
     await kubectl("apply", "-f", str(FIXTURES / "widget.yaml"))
 
-    waiter = asyncio.create_task(
+    waiter = asyncio.ensure_future(
         kubectl("wait", "--for=condition=Ready", "widget/alpha", "--timeout=30s", check=False)
     )
     status = {
@@ -181,7 +181,7 @@ async def test_status_wait_patch_scale_and_finalizers(kubectl: Kubectl) -> None:
     await kubectl("delete", "widget", "alpha", "--wait=false")
     held = (await kubectl("get", "widget", "alpha", "-o", "json")).json()
     assert held["metadata"]["deletionTimestamp"]
-    deleter = asyncio.create_task(
+    deleter = asyncio.ensure_future(
         kubectl("wait", "--for=delete", "widget/alpha", "--timeout=30s", check=False)
     )
     await kubectl(
@@ -326,7 +326,9 @@ async def test_follow_logs_and_watch_tables(local_cluster: LocalCluster, kubectl
     store = local_cluster.store
     assert store is not None
 
-    watcher = asyncio.create_task(kubectl("get", "pods", "-w", "--request-timeout=5s", check=False))
+    watcher = asyncio.ensure_future(
+        kubectl("get", "pods", "-w", "--request-timeout=5s", check=False)
+    )
     await eventually(lambda: store.watcher_count("/pods") > 0)
     url = f"{local_cluster.url}/api/v1/namespaces/default/pods/chatty/log?follow=true"
     async with aiohttp.ClientSession() as http, http.get(url) as resp:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from scalable_topics.localcluster.errors import ApiError
 from scalable_topics.localcluster.patches import json_patch, merge_patch, strategic_merge_patch
@@ -15,7 +17,7 @@ def test_merge_patch_rfc7386() -> None:
 
 
 def test_json_patch_operations_and_test_failure() -> None:
-    doc = {"spec": {"tags": ["a"], "n": 1}, "metadata": {"labels": {"a/b": "x"}}}
+    doc: dict[str, Any] = {"spec": {"tags": ["a"], "n": 1}, "metadata": {"labels": {"a/b": "x"}}}
     out = json_patch(
         doc,
         [
