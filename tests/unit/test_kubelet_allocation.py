@@ -17,13 +17,23 @@ from scalable_topics.localcluster.workloads import (
 
 def test_addresses_are_unique_and_persisted(tmp_path: Path) -> None:
     path = tmp_path / "ips.json"
-    alloc = IPAllocator(path)
+    alloc = IPAllocator(path, subnet="127.9.8")
     a = alloc.allocate("ns/web-0", sticky=True, live_keys=set())
     b = alloc.allocate("ns/api-x", sticky=False, live_keys=set())
-    assert a == "127.0.0.2" and b == "127.0.0.3"
+    assert a == "127.9.8.2" and b == "127.9.8.3"
     assert alloc.allocate("ns/web-0", sticky=True, live_keys=set()) == a
     reloaded = IPAllocator(path)
+    assert reloaded.subnet == "127.9.8"
     assert reloaded.get("ns/web-0") == a and reloaded.get("ns/api-x") == b
+
+
+def test_each_cluster_draws_its_own_loopback_subnet(tmp_path: Path) -> None:
+    first = IPAllocator(tmp_path / "a.json")
+    second = IPAllocator(tmp_path / "b.json")
+    assert first.subnet.startswith("127.") and not first.subnet.startswith("127.0.")
+    assert IPAllocator(tmp_path / "a.json").subnet == first.subnet, "kept across restarts"
+    subnets = {IPAllocator(tmp_path / f"{i}.json").subnet for i in range(20)}
+    assert len(subnets | {second.subnet}) > 1, "subnets are drawn at random"
 
 
 def test_sticky_addresses_survive_release(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -66,27 +67,40 @@ NODES = Resource("", "v1", "nodes", namespaced=False)
 
 
 class IPAllocator:
-    """Hands out ``127.0.0.x`` addresses per pod, persisted in a JSON file.
+    """Hands out ``<subnet>.x`` loopback addresses per pod, persisted in a JSON file.
+
+    Each cluster draws its own ``127.A.B`` subnet the first time it starts (kept in the file),
+    so two embedded clusters on one machine — ``make run`` beside a test run, or parallel test
+    runs — never hand the same address and port to two pods. ``subnet`` fixes it (tests).
 
     Addresses of StatefulSet pods are *sticky*: kept for the pod's name after the pod is
     deleted, so the re-created pod gets the same address. Sticky entries of absent pods are
     reclaimed (oldest first) only when the pool is exhausted.
     """
 
-    def __init__(self, path: Path, first: int = 2, last: int = 254) -> None:
+    def __init__(
+        self, path: Path, first: int = 2, last: int = 254, subnet: str | None = None
+    ) -> None:
         self.path = path
         self.first, self.last = first, last
         self._entries: dict[str, dict[str, Any]] = {}
+        stored_subnet: str | None = None
         if path.exists():
             with contextlib.suppress(ValueError, OSError):
                 loaded = json.loads(path.read_text())
                 if isinstance(loaded, dict):
-                    self._entries = {str(k): dict(v) for k, v in loaded.items()}
+                    stored_subnet = loaded.get("subnet")
+                    pods = loaded.get("pods", {})
+                    self._entries = {str(k): dict(v) for k, v in pods.items()}
+        self.subnet = subnet or stored_subnet or _random_subnet()
+        if stored_subnet != self.subnet:
+            self._save()
 
     def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._entries, indent=1, sort_keys=True))
+        data = {"subnet": self.subnet, "pods": self._entries}
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         tmp.replace(self.path)
 
     def get(self, key: str) -> str | None:
@@ -102,7 +116,9 @@ class IPAllocator:
             return str(entry["ip"])
         used = {str(e["ip"]) for e in self._entries.values()}
         free = [
-            f"127.0.0.{x}" for x in range(self.first, self.last + 1) if f"127.0.0.{x}" not in used
+            f"{self.subnet}.{x}"
+            for x in range(self.first, self.last + 1)
+            if f"{self.subnet}.{x}" not in used
         ]
         if not free:
             idle = sorted(
@@ -124,6 +140,11 @@ class IPAllocator:
 
     def keys(self) -> list[str]:
         return list(self._entries)
+
+
+def _random_subnet() -> str:
+    """A ``127.A.B`` loopback subnet other than ``127.0.0`` (where the API server listens)."""
+    return f"127.{secrets.randbelow(254) + 1}.{secrets.randbelow(256)}"
 
 
 class Notifier:
@@ -273,7 +294,7 @@ class PodWorker:
                 ip = self.agent.ips.allocate(_pod_key(self.pod), sticky, self.agent.live_keys())
             if ip is not None:
                 break
-            self.pending_message = ("OutOfAddresses", "no free 127.0.0.x address for the pod")
+            self.pending_message = ("OutOfAddresses", "no free loopback address for the pod")
             self.mark_changed()
             await asyncio.sleep(2.0)
         self.pending_message = None
