@@ -33,6 +33,9 @@ def parse_args(argv: list[str] | None = None) -> ControllerSettings:
         "--identity", default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     )
     parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument(
+        "--broker-port", type=int, default=8080, help="port of the brokers' HTTP API on their pods"
+    )
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--kubeconfig", default=None)
     parser.add_argument("--broker-token-file", type=Path, default=None)
@@ -53,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> ControllerSettings:
         namespace=args.namespace,
         identity=args.identity,
         shards=args.shards,
+        broker_port=args.broker_port,
         workers=args.workers,
         kubeconfig=args.kubeconfig,
         broker_token=token,

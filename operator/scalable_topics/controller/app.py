@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +23,9 @@ from ..core.resources import (
     SEGMENT_PLURAL,
     TOPIC_PLURAL,
     VERSION,
+    ConditionType,
     SubscriptionType,
+    get_condition,
     parse_topic_spec,
 )
 from .autoscale import AutoScaler
@@ -81,10 +85,13 @@ class Controller:
     async def _build(self) -> None:
         s = self.settings
         self.kube = kube = await KubeApi.connect(s.kubeconfig)
+        # The Lease holder is this *process*, as client-go's ``<hostname>_<uuid>``: a container
+        # restarted in the same pod must not inherit the dead process's leadership by renewing
+        # "its own" Lease; it campaigns like any other candidate (and the takeover is counted).
         self.leadership = ShardLeadership(
             kube.coordination,
             namespace=s.namespace,
-            identity=s.identity,
+            identity=f"{s.identity}_{uuid.uuid4().hex[:8]}",
             url=s.advertised_url(),
             shards=s.shards,
             timings=s.timings,
@@ -94,7 +101,7 @@ class Controller:
         self.cache = TopicCache(
             controller_url=self.leadership.leader_url, broker_port=s.broker_port
         )
-        self.cache.on_broker_change = self._resync_led
+        self.cache.on_broker_change = self._brokers_changed
         self.brokers = BrokerAdmin(token=s.broker_token)
         self.autoscaler: AutoScaler | None = None
         self.hub = ConsumerHub(
@@ -164,6 +171,11 @@ class Controller:
 
     async def _gained(self, shard: int) -> None:
         assert self.kube is not None
+        # kopf's watches may not have delivered everything yet; a reconcile must know the
+        # broker pods (a segment whose broker is unknown waits for it, see protocol._place).
+        key, value = self.settings.broker_label
+        for pod in await self.kube.list_pods_all_namespaces(f"{key}={value}"):
+            self.cache.put_pod(pod)
         for topic in await self.kube.list_topics():
             self.cache.put_topic(topic)
         for (namespace, name), topic in list(self.cache.topics.items()):
@@ -195,12 +207,41 @@ class Controller:
         )
 
     async def _lost(self, shard: int) -> None:
-        cancelled = self.queue.cancel(lambda key: self.leadership.shard_of(*key) == shard)
+        def in_shard(key: Key) -> bool:
+            return self.leadership.shard_of(*key) == shard
+
+        cancelled = self.queue.cancel(in_shard)
+        if self.autoscaler is not None:
+            cancelled += self.autoscaler.cancel(in_shard)
         for namespace, name in list(self.cache.topics):
             if self.leadership.shard_of(namespace, name) == shard:
                 self.hub.forget_topic(namespace, name)
         self.cache.notify_controller_changed()
-        log.warning("shard %d lost: cancelled %d reconcile(s) in progress", shard, cancelled)
+        log.warning(
+            "shard %d lost: cancelled %d reconcile(s) or operation(s) in progress", shard, cancelled
+        )
+
+    def _brokers_changed(self) -> None:
+        """A broker pod appeared, went, moved or changed readiness: the topics that wait for a
+        broker (not Ready) try again, and those with a segment on a pod whose URL changed get it
+        re-recorded. Other topics need nothing from it, and re-reconciling all of them on every
+        readiness flip of a busy broker is a storm (1,000 passes each time)."""
+        urls = {pod.name: pod.url for pod in self.cache.brokers.values()}
+
+        def moved(segment: Body) -> bool:
+            broker = (segment.get("status") or {}).get("broker") or {}
+            pod = broker.get("pod")
+            return pod in urls and urls[pod] != broker.get("url")
+
+        for (namespace, name), topic in list(self.cache.topics.items()):
+            if not self.leadership.leads(namespace, name):
+                continue
+            ready = get_condition(
+                (topic.get("status") or {}).get("conditions"), ConditionType.READY
+            )
+            segments = self.cache.segments.get((namespace, name), {}).values()
+            if not ready or ready.get("status") != "True" or any(moved(s) for s in segments):
+                self.queue.add((namespace, name))
 
     def _resync_led(self) -> None:
         for namespace, name in list(self.cache.topics):
@@ -231,9 +272,13 @@ class Controller:
             if event.get("type") == "DELETED":
                 self.cache.drop_topic(*key)
                 self.hub.forget_topic(*key)
+                assert self.kube is not None
+                self.kube.forget_topic(*key)
                 return
             self.cache.put_topic(body)
-            if self.leadership.leads(*key):
+            assert self.kube is not None
+            own = self.kube.wrote_version(*key, str(meta.get("resourceVersion")))
+            if self.leadership.leads(*key) and not own:
                 self.queue.add(key)
 
         @kopf.on.event(GROUP, VERSION, SEGMENT_PLURAL, registry=registry)
@@ -276,6 +321,9 @@ class Controller:
         return self._kopf_ready.is_set() and not self._stop.is_set()
 
     async def run(self) -> None:
+        # kopf logs every handled watch event at INFO ("Handler ... succeeded"): with only
+        # on.event handlers that is one line per object change, noise at any scale.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         await self._build()
         assert self.kube is not None
         web_app = make_app(
@@ -306,6 +354,7 @@ class Controller:
         resync = asyncio.create_task(self._resync_loop(), name="resync")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._kopf_ready.wait(), 30)
+        self._take_signals()
         self.leadership.start()
         try:
             stop_waiter = asyncio.create_task(self._stop.wait())
@@ -313,15 +362,27 @@ class Controller:
             if kopf_task.done() and not self._stop.is_set():
                 kopf_task.result()
         finally:
+            # Leadership first: releasing the Lease is what lets a successor start at once.
+            # kopf last: when it stops it waits 5 s for, then cancels, every task created after
+            # it started, so ours must be finished by then.
             log.info("operator %s shutting down", self.settings.identity)
             await self.leadership.stop()
             await self.autoscaler.stop()
             await self.queue.stop()
             resync.cancel()
+            await asyncio.gather(resync, return_exceptions=True)
+            await self.hub.close()
+            await runner.cleanup()
             kopf_stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(kopf_task, 10)
-            await self.hub.close()
-            await runner.cleanup()
             await self.brokers.close()
             await self.kube.close()
+
+    def _take_signals(self) -> None:
+        """kopf installs its own SIGINT/SIGTERM handlers when it starts (stopping only itself);
+        a replica must stop as a whole, leadership first, so they are taken back."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self.stop)

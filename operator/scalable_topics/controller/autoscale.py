@@ -84,6 +84,7 @@ class AutoScaler:
         self._task: asyncio.Task[None] | None = None
         self._triggered: set[Key] = set()
         self._wakeup = asyncio.Event()
+        self._running: tuple[Key, asyncio.Task[str | None]] | None = None
 
     def trigger(self, namespace: str, name: str) -> None:
         """Evaluate now (a stream consumer registered or left)."""
@@ -94,6 +95,8 @@ class AutoScaler:
         self._task = asyncio.create_task(self._run(), name="autoscaler")
 
     async def stop(self) -> None:
+        if self._running is not None:
+            self._running[1].cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -114,10 +117,29 @@ class AutoScaler:
                     self._due[key] = now + policy.evaluation_interval
                     keys.add(key)
             for key in keys:
+                task = asyncio.create_task(self.evaluate(key), name=f"autoscale-{key[0]}/{key[1]}")
+                self._running = (key, task)
                 try:
-                    await self.evaluate(key)
-                except Exception:
-                    log.exception("%s/%s: auto-scale evaluation failed", *key)
+                    await asyncio.wait({task})
+                finally:
+                    self._running = None
+                if task.cancelled():
+                    log.info("%s/%s: auto-scale operation cancelled (leadership lost)", *key)
+                elif task.exception() is not None:
+                    log.error(
+                        "%s/%s: auto-scale evaluation failed",
+                        *key,
+                        exc_info=task.exception(),
+                    )
+
+    def cancel(self, predicate: Callable[[Key], bool]) -> int:
+        """Cancel the evaluation (and the operation it runs) of a topic matching ``predicate``:
+        its shard was lost, and only the leader may go on mutating the topic."""
+        running = self._running
+        if running is not None and predicate(running[0]) and not running[1].done():
+            running[1].cancel()
+            return 1
+        return 0
 
     async def evaluate(self, key: Key) -> str | None:
         """One evaluation; returns the id of the operation it started, if any."""

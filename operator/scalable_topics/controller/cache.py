@@ -8,7 +8,7 @@ up the others or the watch stream.
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -31,6 +31,19 @@ def layout_of(topic: Mapping[str, Any]) -> SegmentLayout | None:
         return None
 
 
+ANNOTATION_BROKER = "scalabletopics.io/broker"
+"""On a Segment: the broker pod chosen for it, written with the Segment itself (before the
+broker is asked to create the segment); ``status.broker`` follows once the broker has it."""
+
+
+def recorded_broker(segment: Mapping[str, Any]) -> str | None:
+    """The broker pod a Segment was placed on (status first, then the creation annotation)."""
+    pod = ((segment.get("status") or {}).get("broker") or {}).get("pod")
+    if not pod:
+        pod = ((segment.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_BROKER)
+    return str(pod) if pod else None
+
+
 def pod_broker(pod: Mapping[str, Any], port: int = 8080) -> BrokerPod | None:
     """A broker pod's URL and readiness from its (dict) body."""
     meta = pod.get("metadata") or {}
@@ -46,14 +59,20 @@ def pod_broker(pod: Mapping[str, Any], port: int = 8080) -> BrokerPod | None:
 
 
 class TopicCache:
-    def __init__(self, *, controller_url: Callable[[str, str], str]) -> None:
+    def __init__(
+        self, *, controller_url: Callable[[str, str], str], broker_port: int = 8080
+    ) -> None:
         self._controller_url = controller_url
+        self.broker_port = broker_port
         self.topics: dict[Key, Body] = {}
         self.segments: dict[Key, dict[int, Body]] = defaultdict(dict)
         self.brokers: dict[str, BrokerPod] = {}
         self._changed: dict[Key, asyncio.Event] = defaultdict(asyncio.Event)
         self._fingerprints: dict[Key, Any] = {}
         self.on_broker_change: Callable[[], None] | None = None
+        self._placed: dict[tuple[str, str, int], str] = {}
+        """(namespace, topic, segment id) → broker pod of every segment that is not Sealed."""
+        self._load: Counter[str] = Counter()
 
     # -- feeding -------------------------------------------------------------------------------
 
@@ -66,7 +85,8 @@ class TopicCache:
     def drop_topic(self, namespace: str, name: str) -> None:
         key = (namespace, name)
         self.topics.pop(key, None)
-        self.segments.pop(key, None)
+        for sid in self.segments.pop(key, {}):
+            self._place((namespace, name, sid), None)
         self._fingerprints.pop(key, None)
         self._notify(key)
 
@@ -76,8 +96,22 @@ class TopicCache:
         if not topic:
             return
         key = (meta["namespace"], str(topic))
-        self.segments[key][int(body["spec"]["segmentId"])] = body
+        sid = int(body["spec"]["segmentId"])
+        self.segments[key][sid] = body
+        pod = recorded_broker(body)
+        sealed = (body.get("status") or {}).get("state") == "Sealed"
+        self._place((key[0], key[1], sid), None if sealed else pod)
         self._maybe_notify(key)
+
+    def _place(self, segment: tuple[str, str, int], pod: str | None) -> None:
+        before = self._placed.pop(segment, None)
+        if before is not None:
+            self._load[before] -= 1
+            if self._load[before] <= 0:
+                del self._load[before]
+        if pod is not None:
+            self._placed[segment] = pod
+            self._load[pod] += 1
 
     def drop_segment(self, body: Body) -> None:
         meta = body["metadata"]
@@ -85,11 +119,13 @@ class TopicCache:
         if not topic:
             return
         key = (meta["namespace"], str(topic))
-        self.segments.get(key, {}).pop(int(body["spec"]["segmentId"]), None)
+        sid = int(body["spec"]["segmentId"])
+        self.segments.get(key, {}).pop(sid, None)
+        self._place((key[0], key[1], sid), None)
         self._maybe_notify(key)
 
     def put_pod(self, body: Body) -> None:
-        broker = pod_broker(body)
+        broker = pod_broker(body, self.broker_port)
         name = str(body["metadata"]["name"])
         before = self.brokers.get(name)
         if broker is None:
@@ -111,6 +147,15 @@ class TopicCache:
             for sid, seg in self.segments.get((namespace, topic), {}).items()
         }
 
+    def broker_url_of(self, segment: Mapping[str, Any]) -> str:
+        """Where a Segment lives: ``status.broker.url``, else the URL of the pod it was placed
+        on at creation (a crash may come before the status is written); "" when unknown."""
+        url = ((segment.get("status") or {}).get("broker") or {}).get("url")
+        if url:
+            return str(url)
+        pod = self.brokers.get(recorded_broker(segment) or "")
+        return pod.url if pod is not None else ""
+
     def segment_buckets(self, namespace: str, topic: str) -> dict[int, int]:
         return {
             sid: int(seg["spec"].get("buckets") or 1)
@@ -118,16 +163,9 @@ class TopicCache:
         }
 
     def broker_load(self) -> dict[str, int]:
-        """Active segments per broker pod, for least-loaded placement."""
-        load: dict[str, int] = defaultdict(int)
-        for segments in self.segments.values():
-            for seg in segments.values():
-                status = seg.get("status") or {}
-                if status.get("state") != "Sealed":
-                    pod = (status.get("broker") or {}).get("pod")
-                    if pod:
-                        load[str(pod)] += 1
-        return dict(load)
+        """Segments not Sealed per broker pod, for least-loaded placement (kept up to date as
+        Segments come and go: placing thousands of segments must not rescan all of them)."""
+        return dict(self._load)
 
     def dag(self, namespace: str, name: str) -> DagMessage | None:
         topic = self.topics.get((namespace, name))

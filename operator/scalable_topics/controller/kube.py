@@ -8,7 +8,9 @@ place (``manifests/base/operator-rbac.yaml`` mirrors it).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -42,6 +44,17 @@ def _translate(exc: ApiException) -> Exception:
     return exc
 
 
+def _ignore_environment_proxies(api_client: k8s.ApiClient) -> None:
+    """kubernetes_asyncio's aiohttp session has ``trust_env=True``: every request then looks
+    up proxies and parses ``~/.netrc`` in a worker thread, which was a fifth of the operator's
+    CPU when reconciling 1,000 topics (bench/operator.py). The API server is reached directly
+    (in a pod) or as the kubeconfig says (its ``proxy-url`` is still honoured), so
+    ``HTTP(S)_PROXY`` and netrc are not consulted. aiohttp has no public setter for this."""
+    session = getattr(api_client.rest_client, "pool_manager", None)
+    if session is not None and hasattr(session, "_trust_env"):
+        session._trust_env = False
+
+
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 
 
@@ -52,8 +65,12 @@ def now_rfc3339() -> str:
 class KubeApi:
     """Typed façade over the few endpoints the controller uses."""
 
+    OWN_VERSIONS_KEPT = 8
+
     def __init__(self, api_client: k8s.ApiClient) -> None:
         self.api_client = api_client
+        self._own_versions: dict[tuple[str, str], deque[str]] = {}
+        self._namespaces: dict[str, tuple[float, Mapping[str, str]]] = {}
         self.custom = k8s.CustomObjectsApi(api_client)
         self.core = k8s.CoreV1Api(api_client)
         self.coordination = k8s.CoordinationV1Api(api_client)
@@ -70,12 +87,32 @@ class KubeApi:
             await k8s_config.load_kube_config(
                 config_file=kubeconfig, client_configuration=configuration
             )
-        return cls(k8s.ApiClient(configuration))
+        api_client = k8s.ApiClient(configuration)
+        _ignore_environment_proxies(api_client)
+        return cls(api_client)
 
     async def close(self) -> None:
         await self.api_client.close()
 
     # -- ScalableTopic -------------------------------------------------------------------------
+
+    def _wrote(self, obj: Body) -> Body:
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        versions = self._own_versions.get(key)
+        if versions is None:
+            versions = self._own_versions[key] = deque(maxlen=self.OWN_VERSIONS_KEPT)
+        versions.append(str(meta.get("resourceVersion")))
+        return obj
+
+    def wrote_version(self, namespace: str, name: str, resource_version: str) -> bool:
+        """Whether ``resource_version`` of the topic is the result of one of our own recent
+        writes. The watch event of such a write brings nothing the writer did not know, so it
+        needs no further reconcile pass (at 1,000 topics that halves the passes)."""
+        return resource_version in self._own_versions.get((namespace, name), ())
+
+    def forget_topic(self, namespace: str, name: str) -> None:
+        self._own_versions.pop((namespace, name), None)
 
     async def get_topic(self, namespace: str, name: str) -> Body | None:
         try:
@@ -100,30 +137,20 @@ class KubeApi:
         """Write ``body['status']`` if the topic still has ``body``'s resourceVersion."""
         meta = body["metadata"]
         try:
-            return cast(
-                Body,
-                await self.custom.replace_namespaced_custom_object_status(
-                    GROUP, VERSION, meta["namespace"], SCALABLE_TOPICS, meta["name"], body
-                ),
+            written = await self.custom.replace_namespaced_custom_object_status(
+                GROUP, VERSION, meta["namespace"], SCALABLE_TOPICS, meta["name"], body
             )
+            return self._wrote(cast(Body, written))
         except ApiException as exc:
             raise _translate(exc) from None
 
     async def patch_topic(self, namespace: str, name: str, patch: Body) -> Body:
         """JSON merge patch of metadata (finalizers, annotations)."""
         try:
-            return cast(
-                Body,
-                await self.custom.patch_namespaced_custom_object(
-                    GROUP,
-                    VERSION,
-                    namespace,
-                    SCALABLE_TOPICS,
-                    name,
-                    patch,
-                    **MERGE_PATCH,
-                ),
+            patched = await self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, SCALABLE_TOPICS, name, patch, **MERGE_PATCH
             )
+            return self._wrote(cast(Body, patched))
         except ApiException as exc:
             raise _translate(exc) from None
 
@@ -189,14 +216,29 @@ class KubeApi:
         result = await self.core.list_namespaced_pod(namespace, label_selector=label_selector)
         return list(result.items)
 
+    async def list_pods_all_namespaces(self, label_selector: str) -> list[Body]:
+        """Pods as dicts (the shape kopf's events carry, camelCase keys)."""
+        result = await self.core.list_pod_for_all_namespaces(label_selector=label_selector)
+        return [cast(Body, self.api_client.sanitize_for_serialization(pod)) for pod in result.items]
+
+    NAMESPACE_TTL = 5.0
+
     async def namespace_annotations(self, namespace: str) -> Mapping[str, str]:
+        """A namespace's annotations (the namespace-level auto-scale policy), read at most once
+        per ``NAMESPACE_TTL`` seconds: every reconcile pass needs them, and they rarely change."""
+        cached = self._namespaces.get(namespace)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < self.NAMESPACE_TTL:
+            return cached[1]
         try:
             ns = await self.core.read_namespace(namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return {}
             raise
-        return cast(Mapping[str, str], ns.metadata.annotations or {})
+        annotations = cast(Mapping[str, str], ns.metadata.annotations or {})
+        self._namespaces[namespace] = (now, annotations)
+        return annotations
 
     # -- Events --------------------------------------------------------------------------------
 

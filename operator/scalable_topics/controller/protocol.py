@@ -45,7 +45,7 @@ from ..core.resources import (
 )
 from . import metrics
 from .brokers import BrokerAdmin, BrokerError, Successor, choose_broker
-from .cache import TopicCache, layout_of
+from .cache import ANNOTATION_BROKER, TopicCache, layout_of, recorded_broker
 from .kube import Body, KubeApi
 from .status import update_topic_status
 
@@ -100,6 +100,20 @@ def segment_body(
             "buckets": buckets,
         },
     }
+
+
+def broker_retention(topic: Body) -> dict[str, int] | None:
+    """The spec's retention (``time: 1h``, ``size: 1Gi``) in the broker's units
+    (``timeMs``, ``sizeBytes``); ``None`` when the topic sets none."""
+    retention = parse_topic_spec(topic.get("spec")).retention
+    if retention is None:
+        return None
+    body: dict[str, int] = {}
+    if retention.time is not None:
+        body["timeMs"] = int(retention.time * 1000)
+    if retention.size is not None:
+        body["sizeBytes"] = int(retention.size)
+    return body or None
 
 
 def _fault_point() -> str | None:
@@ -171,6 +185,10 @@ class OperationExecutor:
         """A leader found ``status.operation``: finish it or roll it back."""
         meta = topic["metadata"]
         operation = Operation.from_status(topic["status"]["operation"])
+        # A new leader's watch cache may not hold every Segment yet; where the parents and
+        # children live is exactly what recovery needs.
+        for body in await self.kube.list_segments(meta["namespace"], meta["name"]):
+            self.cache.put_segment(body)
         layout = layout_of(topic)
         if layout is None:
             return await self.roll_back(topic, operation, "the topic has no layout")
@@ -234,13 +252,22 @@ class OperationExecutor:
                     found[sub] = "Queue" if kind in ("Queue", "KeyShared") else "Stream"
         return sorted(found.items())
 
-    async def _place(self, topic: Body, segment_id: int) -> tuple[str, str]:
-        """The broker (pod, url) of a segment: the recorded one, else the least loaded."""
-        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
-        existing = self.cache.segments.get((ns, name), {}).get(segment_id)
-        broker = ((existing or {}).get("status") or {}).get("broker") or {}
-        if broker.get("pod") and broker["pod"] in self.cache.brokers:
-            pod = self.cache.brokers[broker["pod"]]
+    def _place(self, topic: Body, segment_id: int, existing: Body | None) -> tuple[str, str]:
+        """The broker (pod, url) of a segment: the recorded one, else the least loaded.
+
+        A segment never moves: its log lives on its broker's volume, and a StatefulSet pod
+        comes back with the same name and volume. While the recorded pod is away this raises
+        ``BrokerError`` (the topic waits, ``BrokersUnavailable``) instead of placing the segment
+        again, empty, somewhere else."""
+        recorded = recorded_broker(existing) if existing is not None else None
+        if recorded:
+            pod = self.cache.brokers.get(recorded)
+            if pod is None:
+                raise BrokerError(
+                    "?",
+                    f"broker pod {recorded} of segment {segment_id} is not running",
+                    code="BrokerAway",
+                )
             return pod.name, pod.url
         choice = choose_broker(self.cache.brokers.values(), self.cache.broker_load())
         if choice is None:
@@ -258,21 +285,25 @@ class OperationExecutor:
         *,
         state: str = "Pending",
     ) -> str:
-        """Segment resource + placement + segment on its broker; returns the broker URL."""
+        """Segment resource + placement + segment on its broker; returns the broker URL.
+
+        The placement is chosen first and written with the Segment itself (annotation
+        ``scalabletopics.io/broker``), so a crash before the broker has the segment cannot
+        leave it on a broker nobody knows about. Once the broker has it, one status patch
+        records the broker, the subscriptions and ``state`` (a ``Pending`` segment becomes
+        ``state``; a later state is kept): a segment is never Active before its broker has
+        it."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        existing = self.cache.segments.get((ns, name), {}).get(segment_id)
+        pod, url = self._place(topic, segment_id, existing)
         body = segment_body(topic, segment_id, hash_range, parents, buckets)
+        body["metadata"]["annotations"] = {ANNOTATION_BROKER: pod}
         created = await self.kube.create_segment(body)
+        if recorded_broker(created) not in (None, pod):
+            # The cache did not have it yet: the placement on record wins.
+            pod, url = self._place(topic, segment_id, created)
         self.cache.put_segment(created)
-        pod, url = await self._place(topic, segment_id)
-        status = created.get("status") or {}
-        if (status.get("broker") or {}).get("url") != url or not status.get("state"):
-            updated = await self.kube.patch_segment_status(
-                ns,
-                body["metadata"]["name"],
-                {"broker": {"pod": pod, "url": url}, "state": status.get("state") or state},
-            )
-            self.cache.put_segment(updated)
-        retention = (topic.get("spec") or {}).get("retention")
+        retention = broker_retention(topic)
         await self.brokers.create_segment(
             url,
             ns,
@@ -283,6 +314,20 @@ class OperationExecutor:
             buckets=buckets,
             retention=retention,
         )
+        status = created.get("status") or {}
+        current = status.get("state")
+        wanted: dict[str, Any] = {
+            "broker": {"pod": pod, "url": url},
+            "state": state if current in (None, "", "Pending") else current,
+            # The spec's subscriptions, which the reconciler keeps in sync; ones found only on
+            # a parent's broker (step 2) are created here too but are not the spec's to manage.
+            "subscriptions": sorted(
+                sub.name for sub in parse_topic_spec(topic.get("spec")).subscriptions
+            ),
+        }
+        if any(status.get(k) != v for k, v in wanted.items()):
+            updated = await self.kube.patch_segment_status(ns, body["metadata"]["name"], wanted)
+            self.cache.put_segment(updated)
         return url
 
     async def _create_children(self, topic: Body, operation: Operation) -> None:
@@ -397,9 +442,10 @@ class OperationExecutor:
     async def roll_back(self, topic: Body, operation: Operation, why: str) -> Body:
         """Undo a not-yet-sealed operation: drop the children everywhere, clear the intent."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
-        urls = self.cache.segment_brokers(ns, name)
+        segments = self.cache.segments.get((ns, name), {})
         for child in operation.children:
-            url = urls.get(child.segment_id)
+            existing = segments.get(child.segment_id)
+            url = self.cache.broker_url_of(existing) if existing is not None else ""
             if url:
                 await self.brokers.delete_segment(url, ns, name, child.segment_id)
             await self.kube.delete_segment(ns, segment_name(name, child.segment_id))

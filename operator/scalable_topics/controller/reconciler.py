@@ -151,11 +151,14 @@ class TopicReconciler:
         except ResourceValidationError as exc:
             await self._not_ready(topic, Reason.INVALID_SPEC, str(exc), stalled=True)
             return
+        # An invalid policy stops nothing but auto-scaling: an operation in flight must still be
+        # finished (a sealed parent waits for its layout commit), segments kept in place and
+        # manual requests served. Ready=False says what is wrong.
+        problem: tuple[str, str] | None = None
         try:
-            policy = await self.policy(namespace, spec)
+            policy: AutoScalePolicy | None = await self.policy(namespace, spec)
         except ValueError as exc:
-            await self._not_ready(topic, Reason.INVALID_AUTO_SCALE_POLICY, str(exc), stalled=True)
-            return
+            policy, problem = None, (Reason.INVALID_AUTO_SCALE_POLICY, str(exc))
 
         layout = layout_of(topic)
         if layout is None:
@@ -173,9 +176,19 @@ class TopicReconciler:
 
         topic = await self._manual_request(topic, layout)
         layout = layout_of(topic) or layout
-        topic = await self._write_status(topic, layout)
+        previous = get_condition((topic.get("status") or {}).get("conditions"), ConditionType.READY)
+        topic = await self._write_status(topic, layout, problem)
+        if problem and (
+            not previous
+            or previous.get("reason") != problem[0]
+            or previous.get("message") != problem[1]
+        ):
+            await self.event(topic, "Warning", problem[0], problem[1])
         self.cache.put_topic(topic)
-        self.policies[(namespace, name)] = policy
+        if policy is None:
+            self.policies.pop((namespace, name), None)
+        else:
+            self.policies[(namespace, name)] = policy
         if self.on_reconciled:
             self.on_reconciled(namespace, name, topic)
 
@@ -236,9 +249,12 @@ class TopicReconciler:
             seg = existing.get(info.segment_id)
             status = (seg or {}).get("status") or {}
             state = status.get("state")
-            broker_known = (status.get("broker") or {}).get("pod") in self.cache.brokers
+            recorded = status.get("broker") or {}
+            pod = self.cache.brokers.get(str(recorded.get("pod")))
+            # Unknown pod, or its URL moved (a re-created pod may get a new IP): re-record it.
+            broker_current = pod is not None and pod.url == recorded.get("url")
             if info.active:
-                if seg is None or state != "Active" or not broker_known:
+                if seg is None or state != "Active" or not broker_current:
                     try:
                         await self.executor.ensure_segment(
                             topic,
@@ -253,12 +269,6 @@ class TopicReconciler:
                         pending.append(info.segment_id)
                         failures.append(str(exc))
                         continue
-                    updated = await self.kube.patch_segment_status(
-                        ns,
-                        segment_name(name, info.segment_id),
-                        {"state": "Active", "subscriptions": sorted(wanted)},
-                    )
-                    self.cache.put_segment(updated)
                 elif set(status.get("subscriptions") or []) != wanted:
                     await self._sync_subscriptions(topic, info.segment_id, status, subscriptions)
             elif seg is not None and state != "Sealed":
@@ -441,7 +451,11 @@ class TopicReconciler:
         if not previous or previous.get("reason") != reason or previous.get("message") != message:
             await self.event(topic, "Warning", reason, message)
 
-    async def _write_status(self, topic: Body, layout: SegmentLayout) -> Body:
+    async def _write_status(
+        self, topic: Body, layout: SegmentLayout, problem: tuple[str, str] | None = None
+    ) -> Body:
+        """The level-based status; ``problem`` (reason, message) is a spec error that needs a
+        human: Ready=False and Stalled=True with it, everything else as usual."""
         meta = topic["metadata"]
         ns, name = meta["namespace"], meta["name"]
         generation = meta.get("generation")
@@ -460,20 +474,19 @@ class TopicReconciler:
         else:
             reconciling = (False, Reason.IDLE, "")
         active = layout.active()
-        ready = True
+        ready = problem is None
         ready_message = f"{len(active)} active segment(s) at epoch {layout.epoch}"
+        ready_reason: str = Reason.RECONCILED
+        stalled = (False, Reason.IDLE, "")
+        if problem is not None:
+            ready_reason, ready_message = problem
+            stalled = (True, problem[0], problem[1])
 
         def change(status: dict[str, Any], obj: Body) -> None:
             conditions = status.get("conditions") or []
             conditions = set_condition(
                 conditions,
-                condition(
-                    ConditionType.READY,
-                    ready,
-                    Reason.RECONCILED if ready else Reason.CREATING,
-                    ready_message,
-                    generation,
-                ),
+                condition(ConditionType.READY, ready, ready_reason, ready_message, generation),
             )
             conditions = set_condition(
                 conditions,
@@ -486,7 +499,7 @@ class TopicReconciler:
                 ),
             )
             conditions = set_condition(
-                conditions, condition(ConditionType.STALLED, False, Reason.IDLE, "", generation)
+                conditions, condition(ConditionType.STALLED, *stalled, generation)
             )
             status["conditions"] = conditions
             status["observedGeneration"] = generation
@@ -494,8 +507,9 @@ class TopicReconciler:
             status["nextSegmentId"] = layout.next_segment_id
             status["activeSegments"] = len(active)
             status["dag"] = render_dag(layout)
-            status["controller"] = {**(status.get("controller") or {}), **controller}
-            if (status.get("controller") or {}).get("pod") != controller.get("pod"):
+            previous = status.get("controller") or {}
+            status["controller"] = {**previous, **controller}
+            if previous.get("pod") != controller.get("pod") or not previous.get("since"):
                 status["controller"]["since"] = format_time(self.clock())
 
         return await update_topic_status(self.kube, ns, name, change, topic=topic)
@@ -507,7 +521,7 @@ class TopicReconciler:
             return
         segments = await self.kube.list_segments(ns, name)
         for seg in segments:
-            url = ((seg.get("status") or {}).get("broker") or {}).get("url")
+            url = self.cache.broker_url_of(seg)
             sid = int(seg["spec"]["segmentId"])
             if url:
                 await self.brokers.delete_segment(url, ns, name, sid)

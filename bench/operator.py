@@ -1,0 +1,297 @@
+"""Operator scale: N topics reconciled by one operator replica, and its API writes at rest.
+
+The embedded control plane runs with its kubelet; ``kubectl apply -k manifests/overlays/local``
+starts three broker pods and the operator Deployment, scaled to one replica. N ScalableTopics
+with two segments each are created through the API at once; the figure is the time from the
+first create until every topic is ``Ready`` (each one: finalizer, initial layout, two Segment
+resources placed on brokers, two segments created on their brokers, status written).
+
+Then the topics are left alone for a window that covers at least two full resync passes of the
+operator (every topic re-reconciled) and the writes the API server receives are counted. The
+API server's global ``resourceVersion`` is bumped by every write, so its delta is the number of
+writes; a watch per resource attributes them (topics, Segments, Leases, Events, Pods).
+
+    python -m bench.run --only operator [--quick]
+    python -m bench.operator [--topics 1000] [--window 70]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.report import Report, Section
+
+REPO = Path(__file__).resolve().parents[1]
+NAMESPACE = "scalable-topics"
+TOPIC_NAMESPACE = "bench"
+TARGET_TOPICS = 1000
+TARGET_SECONDS = 60.0
+SEGMENTS_PER_TOPIC = 2
+RESYNC_SECONDS = 30.0
+"""``--resync-interval`` of the local overlay's operator."""
+
+
+async def _kubectl(kubeconfig: Path, *args: str) -> str:
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(kubeconfig.parent)}
+    proc = await asyncio.create_subprocess_exec(
+        "kubectl",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    out, err = await proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {err.decode()}")
+    return out.decode()
+
+
+async def _until(probe: Any, within: float, what: str, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {within}s")
+        await asyncio.sleep(interval)
+
+
+def _ready(topic: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (topic.get("status") or {}).get("conditions") or []
+    )
+
+
+async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
+    from scalable_topics.localcluster.cluster import LocalCluster
+    from scalable_topics.localcluster.restclient import PODS, Resource, RestClient
+
+    topics_res = Resource("scalabletopics.io", "v1alpha1", "scalabletopics")
+    segments_res = Resource("scalabletopics.io", "v1alpha1", "segments")
+    deployments = Resource("apps", "v1", "deployments")
+    namespaces = Resource("", "v1", "namespaces")
+
+    result: dict[str, Any] = {"topics": topics}
+    async with LocalCluster(work / "cluster", kubelet=True) as cluster:
+        api = RestClient(cluster.url, cluster.token)
+        try:
+            await _kubectl(cluster.kubeconfig, "apply", "-f", str(REPO / "crds"))
+            overlay = REPO / "manifests" / "overlays" / "local"
+            await _kubectl(cluster.kubeconfig, "apply", "-k", str(overlay))
+            await api.patch(
+                deployments, NAMESPACE, "scalable-topics-operator", {"spec": {"replicas": 1}}
+            )
+
+            async def pods_ready() -> bool:
+                items, _ = await api.list(PODS, NAMESPACE)
+                ready = [
+                    p
+                    for p in items
+                    if not p["metadata"].get("deletionTimestamp")
+                    and any(
+                        c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in (p.get("status") or {}).get("conditions") or []
+                    )
+                ]
+                return len(ready) == 4 and len(items) == 4
+
+            await _until(pods_ready, 120, "3 brokers and 1 operator ready")
+            created = await api.create(namespaces, None, {"metadata": {"name": TOPIC_NAMESPACE}})
+            ready: set[str] = set()
+            all_ready = asyncio.Event()
+
+            async def watch_ready() -> None:
+                # A watch, not a polled list: listing 1,000 topics every half second would load
+                # the (in-process) API server as much as the operator does.
+                since = str(created["metadata"]["resourceVersion"])
+                async for _etype, obj in api.watch(topics_res, since, timeout_seconds=900):
+                    name = str((obj.get("metadata") or {}).get("name", ""))
+                    if name.startswith("t-") and _ready(obj):
+                        ready.add(name)
+                        if len(ready) == topics:
+                            all_ready.set()
+                            return
+
+            watcher = asyncio.create_task(watch_ready())
+
+            started = time.monotonic()
+            for i in range(topics):
+                await api.create(
+                    topics_res,
+                    TOPIC_NAMESPACE,
+                    {
+                        "apiVersion": "scalabletopics.io/v1alpha1",
+                        "kind": "ScalableTopic",
+                        "metadata": {"name": f"t-{i:04d}"},
+                        "spec": {
+                            "initialSegments": SEGMENTS_PER_TOPIC,
+                            "subscriptions": [{"name": "s", "type": "Stream"}],
+                        },
+                    },
+                )
+            result["create_seconds"] = time.monotonic() - started
+
+            try:
+                await asyncio.wait_for(all_ready.wait(), 900)
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+            result["ready_seconds"] = time.monotonic() - started
+            items, _ = await api.list(topics_res, TOPIC_NAMESPACE)
+            assert sum(1 for t in items if _ready(t)) == topics
+            items, _ = await api.list(segments_res, TOPIC_NAMESPACE)
+            result["segments"] = len(items)
+            assert len(items) == topics * SEGMENTS_PER_TOPIC, len(items)
+
+            # Let the last reconciles finish, and the brokers make their first load report of
+            # every new segment (one write each, within their 10 s interval), before the
+            # window opens.
+            await asyncio.sleep(15)
+            writes, total = await _count_writes(api, window)
+            result["window_seconds"] = window
+            result["writes"] = dict(writes)
+            result["writes_total"] = total
+            result["operator_metrics"] = await _operator_metrics(api)
+        finally:
+            await api.close()
+    return result
+
+
+async def _count_writes(api: Any, window: float) -> tuple[Counter[str], int]:
+    """Writes at the API server during ``window`` seconds, by resource (watch events)."""
+    from scalable_topics.localcluster.restclient import Resource
+
+    watched = {
+        "ScalableTopic": Resource("scalabletopics.io", "v1alpha1", "scalabletopics"),
+        "Segment": Resource("scalabletopics.io", "v1alpha1", "segments"),
+        "Lease": Resource("coordination.k8s.io", "v1", "leases"),
+        "Event": Resource("", "v1", "events"),
+        "Pod": Resource("", "v1", "pods"),
+    }
+    _, rv0 = await api.list(watched["Lease"])
+    seen: list[tuple[str, int]] = []
+
+    async def watch(kind: str, res: Any) -> None:
+        async for etype, obj in api.watch(res, rv0, timeout_seconds=int(window) + 60):
+            if etype != "BOOKMARK":
+                seen.append((kind, int((obj.get("metadata") or {}).get("resourceVersion", 0))))
+
+    tasks = [asyncio.create_task(watch(k, r)) for k, r in watched.items()]
+    await asyncio.sleep(window)  # the measurement window itself
+    _, rv1 = await api.list(watched["Lease"])
+    await asyncio.sleep(1)  # let the watches deliver what happened up to rv1
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    counts = Counter(kind for kind, rv in seen if rv <= int(rv1))
+    return counts, int(rv1) - int(rv0)
+
+
+async def _operator_metrics(api: Any) -> dict[str, float]:
+    from scalable_topics.localcluster.restclient import PODS
+
+    items, _ = await api.list(
+        PODS, NAMESPACE, label_selector="app.kubernetes.io/name=scalable-topics-operator"
+    )
+    pod = items[0]
+    port = 18081
+    for arg in pod["spec"]["containers"][0].get("args") or []:
+        if arg.startswith("--port="):
+            port = int(arg.split("=", 1)[1])
+    url = f"http://{pod['status']['podIP']}:{port}/metrics"
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        text = await response.text()
+    wanted: dict[str, float] = {}
+    for line in text.splitlines():
+        match = re.match(
+            r"^(scalable_topic_(?:status_writes_total|reconciles_total)\{[^}]*\}) (\S+)$", line
+        )
+        if match:
+            wanted[match.group(1)] = float(match.group(2))
+    return wanted
+
+
+def _record(section: Section, r: dict[str, Any]) -> None:
+    topics = r["topics"]
+    segments = r["segments"]
+    section.figure("ready_seconds", r["ready_seconds"], "s", topics=str(topics))
+    section.figure("topics_per_second", topics / r["ready_seconds"], "topics/s")
+    hours = r["window_seconds"] / 3600.0
+    writes = r["writes"]
+    per_segment = (writes.get("ScalableTopic", 0) + writes.get("Segment", 0)) / segments / hours
+    section.figure("topic_and_segment_writes_per_segment_hour", per_segment, "writes/segment/h")
+    section.figure("lease_writes_per_hour", writes.get("Lease", 0) / hours, "writes/h")
+    section.table(
+        f"API writes during {r['window_seconds']:.0f} s at rest ({topics} topics, {segments} "
+        f"segments; resync every {RESYNC_SECONDS:.0f} s)",
+        ["resource", "writes", "per hour"],
+        [[k, v, round(v / hours)] for k, v in sorted(writes.items())]
+        + [["all (resourceVersion delta)", r["writes_total"], round(r["writes_total"] / hours)]],
+    )
+    section.note(
+        f"{topics} topics created in {r['create_seconds']:.1f} s; all Ready "
+        f"{r['ready_seconds']:.1f} s after the first create. Operator counters: "
+        + ", ".join(f"{k} = {v:g}" for k, v in sorted(r["operator_metrics"].items()))
+    )
+    section.note(
+        "Steady-state writes per segment exclude the shard Lease renewals (per shard, not per "
+        "segment: one every retry period) and broker load reports (`Segment.status.load`, "
+        "written only when a rate moves by more than 25 %; none while idle)."
+    )
+    if r["window_seconds"] < 2 * RESYNC_SECONDS:
+        section.note("Quick mode: the window is shorter than a resync pass.")
+    if topics >= TARGET_TOPICS:
+        section.target(
+            f"{TARGET_TOPICS} topics Ready with one operator",
+            r["ready_seconds"] <= TARGET_SECONDS,
+            f"{r['ready_seconds']:.1f} s",
+            f"<= {TARGET_SECONDS:.0f} s",
+        )
+
+
+async def run(report: Report, quick: bool) -> None:
+    section = report.section("operator", "Operator: topics reconciled by one replica")
+    topics = 100 if quick else TARGET_TOPICS
+    window = 20.0 if quick else 2 * RESYNC_SECONDS + 10
+    work = Path(tempfile.mkdtemp(prefix="bench-operator-"))
+    try:
+        section.data = await measure(topics, window, work)
+        _record(section, section.data)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.operator")
+    parser.add_argument("--topics", type=int, default=TARGET_TOPICS)
+    parser.add_argument("--window", type=float, default=2 * RESYNC_SECONDS + 10)
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bench-operator-"))
+    try:
+        result = asyncio.run(measure(args.topics, args.window, work))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report = Report(quick=False, command="python -m bench.operator")
+    section = report.section("operator", "Operator: topics reconciled by one replica")
+    _record(section, result)
+    print(report.to_markdown())
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()

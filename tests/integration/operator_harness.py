@@ -1,0 +1,475 @@
+"""The operator's integration stack: the embedded control plane with its kubelet, the CRDs, and
+``manifests/overlays/local`` applied with the real ``kubectl`` — three broker pods
+(StatefulSet ``segment-broker``) and the operator Deployment run as real local processes.
+
+Operator processes can also be started directly (:meth:`Stack.start_operator`), e.g. with the
+``SCALABLE_TOPICS_FAULT`` hook of ``controller/protocol.py``; they are real processes too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+from scalable_topics.localcluster.cluster import LocalCluster
+from scalable_topics.localcluster.kubelet import Kubelet
+from scalable_topics.localcluster.restclient import PODS, Resource, RestClient
+
+from .conftest import KubectlResult, run_kubectl
+
+T = TypeVar("T")
+JsonObj = dict[str, Any]
+
+REPO = Path(__file__).resolve().parents[2]
+OVERLAY = REPO / "manifests" / "overlays" / "local"
+NAMESPACE = "scalable-topics"
+OPERATOR_DEPLOYMENT = "scalable-topics-operator"
+
+TOPICS = Resource("scalabletopics.io", "v1alpha1", "scalabletopics")
+SEGMENTS = Resource("scalabletopics.io", "v1alpha1", "segments")
+LEASES = Resource("coordination.k8s.io", "v1", "leases")
+EVENTS = Resource("", "v1", "events")
+DEPLOYMENTS = Resource("apps", "v1", "deployments")
+SHARD_LEASE = "scalable-topics-shard-0"
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], within: float = 60.0, what: str = "condition"
+) -> T:
+    """Poll ``probe`` until it returns something truthy; fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    last: Any = None
+    while True:
+        try:
+            value = await probe()
+        except (AssertionError, aiohttp.ClientError, OSError) as exc:
+            value, last = None, exc
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {within}s (last: {last!r})")
+        await asyncio.sleep(0.1)
+
+
+def condition_of(obj: JsonObj | None, type_: str) -> JsonObj | None:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return dict(cond)
+    return None
+
+
+@dataclass
+class OperatorProcess:
+    """An operator replica started by the test (not by the kubelet)."""
+
+    proc: asyncio.subprocess.Process
+    identity: str
+    url: str
+    log_path: Path
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+
+    async def wait(self, within: float) -> int:
+        return await asyncio.wait_for(self.proc.wait(), within)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class Stack:
+    cluster: LocalCluster
+    kubelet: Kubelet
+    api: RestClient
+    http: aiohttp.ClientSession
+    data_dir: Path
+    broker_port: int
+    operators: list[OperatorProcess] = field(default_factory=list)
+
+    # -- kubectl and the API -------------------------------------------------------------------
+
+    async def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, within: float = 60
+    ) -> KubectlResult:
+        return await run_kubectl(self.cluster, *args, input=input, check=check, within=within)
+
+    async def topic(self, name: str, namespace: str = "default") -> JsonObj | None:
+        return await self.api.get_or_none(TOPICS, namespace, name)
+
+    async def segments(self, topic: str, namespace: str = "default") -> dict[int, JsonObj]:
+        items, _ = await self.api.list(
+            SEGMENTS, namespace, label_selector=f"scalabletopics.io/topic={topic}"
+        )
+        return {int(s["spec"]["segmentId"]): s for s in items}
+
+    async def events(self, name: str, namespace: str = "default") -> list[JsonObj]:
+        items, _ = await self.api.list(
+            EVENTS, namespace, field_selector=f"involvedObject.name={name}"
+        )
+        return items
+
+    async def lease(self) -> JsonObj | None:
+        return await self.api.get_or_none(LEASES, NAMESPACE, SHARD_LEASE)
+
+    async def pods(self, label: str) -> list[JsonObj]:
+        items, _ = await self.api.list(PODS, NAMESPACE, label_selector=label)
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    async def ready_pods(self, label: str) -> list[JsonObj]:
+        return [
+            p
+            for p in await self.pods(label)
+            if (condition_of(p, "Ready") or {}).get("status") == "True"
+        ]
+
+    async def broker_urls(self) -> dict[str, str]:
+        pods = await self.ready_pods("app.kubernetes.io/name=segment-broker")
+        port = self.broker_port
+        return {p["metadata"]["name"]: f"http://{p['status']['podIP']}:{port}" for p in pods}
+
+    async def scale_operator(self, replicas: int) -> None:
+        await self.api.patch(
+            DEPLOYMENTS, NAMESPACE, OPERATOR_DEPLOYMENT, {"spec": {"replicas": replicas}}
+        )
+        label = "app.kubernetes.io/name=scalable-topics-operator"
+
+        async def scaled() -> bool:
+            return len(await self.pods(label)) == replicas and (
+                replicas == 0 or len(await self.ready_pods(label)) == replicas
+            )
+
+        await eventually(scaled, 90, f"{replicas} operator pod(s)")
+
+    # -- brokers -------------------------------------------------------------------------------
+
+    async def broker_get(self, url: str, path: str) -> tuple[int, Any]:
+        async with self.http.get(url + path) as response:
+            return response.status, await response.json(content_type=None)
+
+    async def broker_segments(self, topic: str, namespace: str = "default") -> dict[int, str]:
+        """Segment id → broker URL for every segment of the topic hosted on any broker."""
+        found: dict[int, str] = {}
+        for url in (await self.broker_urls()).values():
+            status, body = await self.broker_get(url, "/admin/v1/segments")
+            assert status == 200, body
+            for seg in body.get("segments") or []:
+                if seg.get("namespace") == namespace and seg.get("topic") == topic:
+                    found[int(seg["segmentId"])] = url
+        return found
+
+    async def segment_stats(
+        self, url: str, topic: str, segment_id: int, namespace: str = "default"
+    ) -> JsonObj | None:
+        status, body = await self.broker_get(
+            url, f"/admin/v1/segments/{namespace}/{topic}/{segment_id}"
+        )
+        return body if status == 200 else None
+
+    # -- operator processes ----------------------------------------------------------------------
+
+    async def start_operator(
+        self,
+        identity: str,
+        *,
+        fault: str | None = None,
+        lease_duration: float = 3.0,
+        renew_deadline: float = 2.0,
+        retry_period: float = 0.5,
+        extra: tuple[str, ...] = (),
+    ) -> OperatorProcess:
+        port = random.randint(20000, 32000)
+        log_path = self.data_dir / f"operator-{identity}.log"
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        env.pop("SCALABLE_TOPICS_FAULT", None)
+        if fault:
+            env["SCALABLE_TOPICS_FAULT"] = fault
+        with log_path.open("ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "scalable_topics.controller",
+                "--kubeconfig",
+                str(self.cluster.kubeconfig),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--namespace",
+                NAMESPACE,
+                "--identity",
+                identity,
+                "--broker-port",
+                str(self.broker_port),
+                "--lease-duration",
+                str(lease_duration),
+                "--renew-deadline",
+                str(renew_deadline),
+                "--retry-period",
+                str(retry_period),
+                *extra,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+            )
+        op = OperatorProcess(proc, identity, f"http://127.0.0.1:{port}", log_path)
+        self.operators.append(op)
+        return op
+
+    async def stop_operators(self) -> None:
+        for op in self.operators:
+            if op.proc.returncode is None:
+                op.proc.send_signal(signal.SIGTERM)
+        for op in self.operators:
+            try:
+                await op.wait(15)
+            except TimeoutError:
+                op.kill()
+                await op.wait(5)
+        self.operators.clear()
+
+    async def leader(self) -> str:
+        """The pod (or ``--identity``) of the shard's leader: the Lease holder is
+        ``<identity>_<process uuid>``."""
+        lease = await self.lease()
+        holder = str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
+        return holder.rsplit("_", 1)[0]
+
+    # -- topics ----------------------------------------------------------------------------------
+
+    async def apply_topic(self, body: JsonObj) -> None:
+        await self.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+    async def wait_ready(
+        self, name: str, within: float = 60, namespace: str = "default"
+    ) -> JsonObj:
+        async def ready() -> JsonObj | None:
+            topic = await self.topic(name, namespace)
+            cond = condition_of(topic, "Ready")
+            gen = (topic or {}).get("metadata", {}).get("generation")
+            if (
+                cond
+                and cond.get("status") == "True"
+                and (topic or {}).get("status", {}).get("observedGeneration") == gen
+            ):
+                return topic
+            return None
+
+        return await eventually(ready, within, f"{namespace}/{name} Ready")
+
+    async def request(self, name: str, request: JsonObj, namespace: str = "default") -> None:
+        await self.kubectl(
+            "annotate",
+            "--overwrite",
+            "-n",
+            namespace,
+            f"stopic/{name}",
+            f"scalabletopics.io/request={json.dumps(request)}",
+        )
+
+    async def wait_request(
+        self, name: str, request_id: str, within: float = 60, namespace: str = "default"
+    ) -> JsonObj:
+        async def done() -> JsonObj | None:
+            topic = await self.topic(name, namespace)
+            last = ((topic or {}).get("status") or {}).get("lastRequest") or {}
+            if last.get("id") == request_id and not topic["status"].get("operation"):  # type: ignore[index]
+                return topic
+            return None
+
+        return await eventually(done, within, f"request {request_id} on {name}")
+
+
+def topic_body(name: str, *, segments: int = 2, **spec: Any) -> JsonObj:
+    return {
+        "apiVersion": "scalabletopics.io/v1alpha1",
+        "kind": "ScalableTopic",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "initialSegments": segments,
+            "subscriptions": [{"name": "billing", "type": "Stream"}],
+            **spec,
+        },
+    }
+
+
+def write_overlay(directory: Path, broker_port: int, operator_port: int) -> Path:
+    """A kustomization on top of ``manifests/overlays/local`` that moves the ports, so that
+    test stacks running at the same time (each cluster hands out the same 127.0.0.x addresses)
+    do not collide, and suspends the recommender CronJob."""
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = {"httpGet": {"path": "/healthz", "port": broker_port}}
+    broker = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "segment-broker", "namespace": NAMESPACE},
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "broker",
+                            "command": [
+                                "python",
+                                "-m",
+                                "segment_broker",
+                                "--host",
+                                "$(POD_IP)",
+                                "--port",
+                                str(broker_port),
+                                "--data-dir",
+                                "/var/lib/segment-broker",
+                            ],
+                            "ports": [
+                                {"$patch": "replace"},
+                                {"name": "http", "containerPort": broker_port},
+                            ],
+                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": broker_port}},
+                            "startupProbe": probe,
+                            "livenessProbe": probe,
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    operator = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": OPERATOR_DEPLOYMENT, "namespace": NAMESPACE},
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "operator",
+                            "args": [
+                                "--host=$(POD_IP)",
+                                f"--port={operator_port}",
+                                "--namespace=$(POD_NAMESPACE)",
+                                "--identity=$(POD_NAME)",
+                                "--shards=1",
+                                f"--broker-port={broker_port}",
+                                "--lease-duration=6",
+                                "--renew-deadline=4",
+                                "--retry-period=1",
+                                "--resync-interval=30",
+                            ],
+                            "ports": [
+                                {"$patch": "replace"},
+                                {"name": "http", "containerPort": operator_port},
+                            ],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/readyz", "port": operator_port}
+                            },
+                            "livenessProbe": {
+                                "httpGet": {"path": "/healthz", "port": operator_port}
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    # The recommender's Spark job would start a JVM whenever a test spans a 10-minute mark.
+    recommender = {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": "scalable-topics-recommender", "namespace": NAMESPACE},
+        "spec": {"suspend": True},
+    }
+    (directory / "recommender.json").write_text(json.dumps(recommender))
+    (directory / "broker.json").write_text(json.dumps(broker))
+    (directory / "operator.json").write_text(json.dumps(operator))
+    (directory / "kustomization.yaml").write_text(
+        json.dumps(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(OVERLAY, directory)],
+                "patches": [
+                    {"path": "broker.json"},
+                    {"path": "operator.json"},
+                    {"path": "recommender.json"},
+                ],
+            }
+        )
+    )
+    return directory
+
+
+@contextlib.asynccontextmanager
+async def operator_stack(
+    tmp_path: Path, *, operator_replicas: int = 2, brokers: int = 3
+) -> AsyncIterator[Stack]:
+    """Cluster + kubelet, ``kubectl apply -f crds/`` and ``-k manifests/overlays/local``; waits
+    for the brokers and ``operator_replicas`` operator pods (0: none, tests start their own)."""
+    data_dir = tmp_path / "cluster"
+    async with LocalCluster(data_dir, kubelet=False) as cluster:
+        kubelet = Kubelet(
+            cluster.url,
+            cluster.token,
+            data_dir,
+            cluster.kubeconfig,
+            backoff_base=0.5,
+            backoff_cap=2.0,
+            stop_grace=5.0,
+            resync_seconds=5.0,
+        )
+        await kubelet.start()
+        api = RestClient(cluster.url, cluster.token)
+        http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15))
+        broker_port = random.randint(20000, 32000)
+        stack = Stack(cluster, kubelet, api, http, data_dir, broker_port)
+        try:
+            await stack.kubectl("apply", "-f", str(REPO / "crds"))
+            await stack.kubectl(
+                "wait", "--for=condition=Established", "crd", "--all", "--timeout=30s"
+            )
+            # = kubectl apply -k manifests/overlays/local, on ports of this stack's own
+            overlay = write_overlay(tmp_path / "overlay", broker_port, broker_port + 1)
+            await stack.kubectl("apply", "-k", str(overlay))
+            await api.patch(
+                DEPLOYMENTS,
+                NAMESPACE,
+                OPERATOR_DEPLOYMENT,
+                {"spec": {"replicas": operator_replicas}},
+            )
+            if brokers != 3:
+                await api.patch(
+                    Resource("apps", "v1", "statefulsets"),
+                    NAMESPACE,
+                    "segment-broker",
+                    {"spec": {"replicas": brokers}},
+                )
+
+            async def brokers_ready() -> bool:
+                return len(await stack.broker_urls()) == brokers
+
+            await eventually(brokers_ready, 120, f"{brokers} ready brokers")
+            if operator_replicas:
+                await stack.scale_operator(operator_replicas)
+
+                async def led() -> bool:
+                    return bool(await stack.leader())
+
+                await eventually(led, 60, "a shard leader")
+            yield stack
+        finally:
+            await stack.stop_operators()
+            await http.close()
+            await api.close()
+            await kubelet.stop()

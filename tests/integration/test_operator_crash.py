@@ -1,0 +1,166 @@
+"""Crash at every step of the split/merge protocol (DESIGN §5), with real processes.
+
+For each fault point an operator started with ``SCALABLE_TOPICS_FAULT=crash-after:<point>``
+executes a split (then a merge) and SIGKILLs itself right after that point; a fresh operator
+takes the Lease over and finishes the operation (roll forward) or rolls it back. Afterwards the
+active segments partition the ring, no operation is left in status, the Segment resources and
+the brokers match the layout, and exactly the layout's active segments accept writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from scalable_topics.client.segment import SegmentError, SegmentProducer
+from scalable_topics.core import wire
+from scalable_topics.core.layout import SegmentLayout
+
+from .operator_harness import (
+    JsonObj,
+    OperatorProcess,
+    Stack,
+    eventually,
+    operator_stack,
+    topic_body,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+FAULT_POINTS = ("intent-recorded", "children-created", "parents-sealed", "layout-committed")
+TOPIC = "crashy"
+
+
+async def start(stack: Stack, identity: str, fault: str | None = None) -> OperatorProcess:
+    """An operator with a 2 s Lease, so a successor takes over 2 s after a crash."""
+    return await stack.start_operator(
+        identity, fault=fault, lease_duration=2.0, renew_deadline=1.5, retry_period=0.5
+    )
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    async with operator_stack(tmp_path_factory.mktemp("crash"), operator_replicas=0) as running:
+        operator = await start(running, "setup")
+        await running.apply_topic(topic_body(TOPIC, segments=2))
+        await running.wait_ready(TOPIC)
+        await running.stop_operators()
+        assert operator.proc.returncode == 0, operator.log()[-3000:]
+        yield running
+
+
+async def hello(http: aiohttp.ClientSession, url: str, segment_id: int) -> JsonObj:
+    """The broker's ``HELLO_OK`` for a producer on the segment (docs/protocol.md, Produce)."""
+    async with http.ws_connect(
+        f"{url.replace('http', 'ws', 1)}/ws/v1/produce/default/{TOPIC}/{segment_id}"
+    ) as ws:
+        await ws.send_bytes(wire.encode_hello(wire.PROTOCOL_VERSION, {"producerName": "probe"}))
+        message = await ws.receive(timeout=10)
+        assert message.type == aiohttp.WSMsgType.BINARY, message
+        assert message.data[:1] == bytes((wire.FRAME_HELLO_OK,)), message.data[:200]
+        return dict(wire.decode_hello_ok(message.data)[1])
+
+
+async def accepts_writes(url: str, segment_id: int) -> bool:
+    """Whether the broker takes a produce on the segment right now: not sealed at the
+    handshake, and an entry sent is acknowledged (stored)."""
+    async with aiohttp.ClientSession() as http:
+        if (await hello(http, url, segment_id)).get("sealed"):
+            return False
+    producer = await SegmentProducer.connect(url, "default", TOPIC, segment_id, "probe")
+    try:
+        ack = await asyncio.wait_for(await producer.send(b"probe"), 10)
+        return ack is not None
+    except SegmentError:
+        return False
+    finally:
+        await producer.close()
+
+
+async def writable_segments(stack: Stack) -> set[int]:
+    return {
+        sid
+        for sid, url in (await stack.broker_segments(TOPIC)).items()
+        if await accepts_writes(url, sid)
+    }
+
+
+async def consistent(stack: Stack) -> SegmentLayout:
+    topic = await stack.topic(TOPIC)
+    assert topic is not None
+    assert not topic["status"].get("operation"), topic["status"].get("operation")
+    layout = SegmentLayout.from_metadata(topic["status"]["layout"])
+    layout.validate()
+    segments = await stack.segments(TOPIC)
+    assert set(segments) == set(layout.segments), (sorted(segments), sorted(layout.segments))
+    on_brokers = await stack.broker_segments(TOPIC)
+    assert set(on_brokers) == set(layout.segments)
+    for sid, info in layout.segments.items():
+        state = (segments[sid].get("status") or {}).get("state")
+        assert state == ("Active" if info.active else "Sealed"), (sid, state)
+    return layout
+
+
+async def crash_and_recover(
+    stack: Stack, point: str, request: JsonObj
+) -> tuple[JsonObj, JsonObj, set[int]]:
+    """Run ``request`` on an operator that dies after ``point``, then on a fresh one. Returns
+    the status left by the crash, the recovered topic, and the segments writable in between."""
+    await stack.request(TOPIC, request)
+    doomed = await start(stack, f"doomed-{point}", f"crash-after:{point}")
+    code = await doomed.wait(60)
+    assert code == -9, f"exit {code}\n{doomed.log()[-3000:]}"
+    assert f"fault injection: SIGKILL after {point}" in doomed.log()
+    crashed = await stack.topic(TOPIC)
+    assert crashed is not None
+    writable_between = await writable_segments(stack)
+
+    fresh: OperatorProcess = await start(stack, f"fresh-{point}")
+    topic = await stack.wait_request(TOPIC, request["id"], within=60)
+    await eventually(lambda: consistent(stack), 30, "a consistent topic")
+    await stack.stop_operators()
+    assert fresh.proc.returncode == 0, fresh.log()[-3000:]
+    return crashed["status"], topic, writable_between
+
+
+@pytest.mark.parametrize("point", FAULT_POINTS)
+async def test_split_then_merge_survive_crash(stack: Stack, point: str) -> None:
+    before = await consistent(stack)
+    parent = min(s.segment_id for s in before.active())
+    children = [before.next_segment_id, before.next_segment_id + 1]
+
+    status, topic, between = await crash_and_recover(
+        stack, point, {"id": f"split-{point}", "op": "split", "segments": [parent]}
+    )
+    if point == "layout-committed":
+        assert not status.get("operation")
+        assert status["epoch"] == before.epoch + 1
+    else:
+        assert status["operation"]["kind"] == "split"
+        assert status["epoch"] == before.epoch
+    if point in ("intent-recorded",):
+        assert parent in between and not set(children) & between
+    if point in ("parents-sealed", "layout-committed"):
+        assert parent not in between and set(children) <= between
+    assert topic["status"]["lastRequest"]["result"] == "Succeeded", topic["status"]
+    after = await consistent(stack)
+    assert after.epoch == before.epoch + 1
+    assert after.segments[parent].child_ids == tuple(children)
+    assert await writable_segments(stack) == {s.segment_id for s in after.active()}
+
+    merged_child = after.next_segment_id
+    status, topic, between = await crash_and_recover(
+        stack, point, {"id": f"merge-{point}", "op": "merge", "segments": children}
+    )
+    if point != "layout-committed":
+        assert status["operation"]["kind"] == "merge"
+    if point in ("parents-sealed", "layout-committed"):
+        assert not set(children) & between and merged_child in between
+    assert topic["status"]["lastRequest"]["result"] == "Succeeded", topic["status"]
+    final = await consistent(stack)
+    assert final.epoch == after.epoch + 1
+    assert final.segments[merged_child].parent_ids == tuple(children)
+    assert await writable_segments(stack) == {s.segment_id for s in final.active()}

@@ -1,0 +1,303 @@
+"""The operator end to end on the embedded control plane: CRDs and ``manifests/overlays/local``
+applied with kubectl, three broker pods and two operator pods running as real processes.
+
+Create → Ready, manual split/merge/rejected request, invalid spec and its fix, auto-split under
+load, delete with the finalizer. One stack per module (start-up costs seconds); every test uses
+its own topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from scalable_topics.client.segment import SegmentError, SegmentProducer, SegmentSealedError
+from scalable_topics.core.layout import SegmentLayout
+
+from .operator_harness import (
+    REPO,
+    JsonObj,
+    Stack,
+    condition_of,
+    eventually,
+    operator_stack,
+    topic_body,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    async with operator_stack(tmp_path_factory.mktemp("operator")) as running:
+        yield running
+
+
+def layout(topic: JsonObj) -> SegmentLayout:
+    return SegmentLayout.from_metadata(topic["status"]["layout"])
+
+
+async def assert_consistent(stack: Stack, name: str, within: float = 30) -> SegmentLayout:
+    """Eventually (Segment states follow the committed layout, DESIGN §5 step 6): layout valid,
+    no operation in flight, Segment resources and broker logs match the layout."""
+    return await eventually(lambda: _consistent(stack, name), within, f"{name} consistent")
+
+
+async def _consistent(stack: Stack, name: str) -> SegmentLayout:
+    topic = await stack.topic(name)
+    assert topic is not None
+    current = layout(topic)
+    current.validate()
+    assert not topic["status"].get("operation")
+    segments = await stack.segments(name)
+    assert set(segments) == set(current.segments)
+    on_brokers = await stack.broker_segments(name)
+    assert set(on_brokers) == set(current.segments)
+    for sid, info in current.segments.items():
+        status = segments[sid].get("status") or {}
+        assert status.get("state") == ("Active" if info.active else "Sealed"), (sid, status)
+        assert status["broker"]["url"] == on_brokers[sid]
+        stats = await stack.segment_stats(on_brokers[sid], name, sid)
+        assert stats is not None
+        assert bool(stats.get("sealed")) is (not info.active), (sid, stats.get("sealed"))
+        if not info.active:
+            successors = {
+                int(s["segmentId"]) for s in (stats.get("seal") or {}).get("successors", [])
+            }
+            assert successors == set(info.child_ids), (sid, stats.get("seal"))
+    return current
+
+
+async def test_example_topic_becomes_ready(stack: Stack) -> None:
+    started = time.monotonic()
+    # --validate=strict: unknown fields would fail the request (metadata must not count).
+    orders = REPO / "manifests" / "examples" / "orders.yaml"
+    await stack.kubectl("apply", "--validate=strict", "-f", str(orders))
+    await stack.kubectl(
+        "wait", "--for=condition=Ready", "stopic/orders", "--timeout=60s", within=90
+    )
+    elapsed = time.monotonic() - started
+    print(f"\nkubectl apply -> Ready (incl. kubectl wait): {elapsed:.2f}s")
+    topic = await stack.wait_ready("orders")
+    assert topic["status"]["activeSegments"] == 2
+    assert topic["status"]["epoch"] == 0
+    assert "scalabletopics.io/finalizer" in topic["metadata"]["finalizers"]
+    controller = topic["status"]["controller"]
+    assert controller["pod"] == await stack.leader()
+    assert re.fullmatch(rf"http://127\.0\.0\.\d+:{stack.broker_port + 1}", controller["url"])
+    current = await assert_consistent(stack, "orders")
+    segments = await stack.segments("orders")
+    on_brokers = await stack.broker_segments("orders")
+    for sid in current.segments:
+        seg = segments[sid]
+        assert seg["status"]["broker"]["pod"].startswith("segment-broker-")
+        assert seg["spec"]["buckets"] == 4
+        stats = await stack.segment_stats(on_brokers[sid], "orders", sid)
+        assert stats is not None
+        assert set(stats["subscriptions"]) == {"billing", "audit"}
+    # spread over two brokers (least-loaded placement)
+    assert len(set(on_brokers.values())) == 2
+    stats = await stack.segment_stats(on_brokers[0], "orders", 0)
+    assert stats is not None
+    wide = await stack.kubectl("get", "stopic", "orders", "-o", "wide")
+    assert "orders" in wide.stdout and "True" in wide.stdout
+
+
+async def test_split_merge_and_rejected_request(stack: Stack) -> None:
+    name = "split-merge"
+    await stack.apply_topic(topic_body(name, segments=2))
+    await stack.wait_ready(name)
+
+    await stack.request(name, {"id": "r1", "op": "split", "segments": [0]})
+    topic = await stack.wait_request(name, "r1")
+    assert topic["status"]["lastRequest"]["result"] == "Succeeded"
+    assert topic["status"]["epoch"] == 1
+    assert topic["status"]["activeSegments"] == 3
+    current = await assert_consistent(stack, name)
+    assert sorted(s.segment_id for s in current.active()) == [1, 2, 3]
+    assert current.segments[0].child_ids == (2, 3)
+    assert topic["status"]["lastSplitAt"]
+
+    # #2 (0000-3fff) and #1 (8000-ffff) are not adjacent: rejected, nothing changes.
+    await stack.request(name, {"id": "r2", "op": "merge", "segments": [2, 1]})
+    topic = await stack.wait_request(name, "r2")
+    assert topic["status"]["lastRequest"]["result"] == "Rejected"
+    assert topic["status"]["epoch"] == 1
+    assert layout(topic).to_metadata() == current.to_metadata()
+
+    await stack.request(name, {"id": "r3", "op": "merge", "segments": [2, 3]})
+    topic = await stack.wait_request(name, "r3")
+    assert topic["status"]["lastRequest"]["result"] == "Succeeded"
+    assert topic["status"]["epoch"] == 2
+    merged = await assert_consistent(stack, name)
+    assert sorted(s.segment_id for s in merged.active()) == [1, 4]
+    assert merged.segments[4].parent_ids == (2, 3)
+
+    async def events() -> list[JsonObj] | None:
+        found = await stack.events(name)
+        reasons = {e["reason"] for e in found}
+        return found if {"Split", "Merged", "RequestRejected"} <= reasons else None
+
+    found = await eventually(events, 30, "Split, Merged and RequestRejected events")
+    rejected = [e for e in found if e["reason"] == "RequestRejected"]
+    assert rejected[0]["type"] == "Warning"
+    assert "r2" in rejected[0]["message"]
+
+    # The same request id again is not executed twice.
+    await stack.kubectl("annotate", f"stopic/{name}", "unrelated=1")
+    await asyncio.sleep(0)
+    topic = await stack.wait_ready(name)
+    assert topic["status"]["epoch"] == 2
+
+    described = (await stack.kubectl("describe", "stopic", name)).stdout
+    assert "epoch 2, 2 active" in described
+    assert re.search(r"0000 \|.*#4.*#1.*\| ffff", described), described
+    assert "RequestRejected" in described and "Merged" in described
+
+
+async def test_invalid_policy_then_fixed(stack: Stack) -> None:
+    name = "bad-policy"
+    body = topic_body(
+        name,
+        autoScale={"splitBytesRateInThreshold": "1Mi", "mergeBytesRateInThreshold": "2Mi"},
+    )
+    await stack.apply_topic(body)
+
+    async def not_ready() -> JsonObj | None:
+        topic = await stack.topic(name)
+        cond = condition_of(topic, "Ready")
+        return cond if cond and cond["status"] == "False" else None
+
+    cond = await eventually(not_ready, 60, "Ready=False")
+    assert cond["reason"] in ("InvalidAutoScalePolicy", "InvalidSpec"), cond
+    assert "bytes" in cond["message"].lower() or "threshold" in cond["message"].lower(), cond
+    assert (condition_of(await stack.topic(name), "Stalled") or {}).get("status") == "True"
+
+    async def warning() -> list[JsonObj] | None:
+        found = [e for e in await stack.events(name) if e["type"] == "Warning"]
+        return found or None
+
+    warnings = await eventually(warning, 30, "a Warning event")
+    assert warnings[0]["reason"] == cond["reason"]
+
+    body["spec"]["autoScale"]["mergeBytesRateInThreshold"] = "512Ki"
+    await stack.apply_topic(body)
+    topic = await stack.wait_ready(name)
+    assert (condition_of(topic, "Stalled") or {}).get("status") == "False"
+    await assert_consistent(stack, name)
+
+
+async def test_auto_split_under_load(stack: Stack) -> None:
+    name = "hot"
+    await stack.apply_topic(
+        topic_body(
+            name,
+            segments=1,
+            autoScale={
+                "splitMsgRateInThreshold": 20,
+                "mergeMsgRateInThreshold": 1,
+                "splitCooldown": "1s",
+                "evaluationInterval": "1s",
+                "maxSegments": 2,
+            },
+        )
+    )
+    await stack.wait_ready(name)
+    url = (await stack.broker_segments(name))[0]
+    sent = 0
+    failures: list[str] = []
+    stop = asyncio.Event()
+
+    async def load() -> None:
+        """About 300 msg/s on segment 0 until told to stop or the segment is sealed (split),
+        reconnecting after any other failure. Stopped by a flag, not by cancellation: the
+        producer's ``close()`` swallows a cancellation that arrives while it closes."""
+        nonlocal sent
+        while not stop.is_set():
+            try:
+                producer = await SegmentProducer.connect(url, "default", name, 0, "load-test")
+            except (SegmentError, aiohttp.ClientError, OSError) as exc:
+                failures.append(repr(exc))
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                while not stop.is_set():
+                    acks = [await producer.send(b"x" * 100, key=f"k{sent + j}") for j in range(50)]
+                    await asyncio.gather(*acks)
+                    sent += 50
+                    await asyncio.sleep(0.1)  # pacing of the load generator, not a wait
+            except SegmentSealedError:
+                return
+            except (SegmentError, aiohttp.ClientError, OSError) as exc:
+                failures.append(repr(exc))
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(producer.close(), 5)
+
+    generator = asyncio.create_task(load())
+
+    async def split() -> JsonObj | None:
+        topic = await stack.topic(name)
+        return topic if (topic or {}).get("status", {}).get("epoch") == 1 else None
+
+    # The broker's load reporter (segment_broker/k8s_reporter.py, every 10 s) writes the rate
+    # into Segment.status.load; the operator's auto-scaler splits on it.
+    try:
+        topic = await eventually(split, 120, "an automatic split")
+    except AssertionError as exc:
+        segment = (await stack.segments(name)).get(0) or {}
+        raise AssertionError(
+            f"{exc}; sent {sent}, producer failures {failures[-3:]}, "
+            f"Segment status {segment.get('status')}, topic status "
+            f"{((await stack.topic(name)) or {}).get('status', {}).get('conditions')}"
+        ) from None
+    finally:
+        stop.set()
+        done, _ = await asyncio.wait({generator}, timeout=15)
+        if not done:  # stuck in a send to the sealed segment
+            generator.cancel()
+    assert topic["status"]["activeSegments"] == 2
+    await stack.wait_ready(name)
+    await assert_consistent(stack, name)
+    found = [e for e in await stack.events(name) if e["reason"] == "Split"]
+    # e.g. "split #0 ... (auto: segment 0000-ffff-0 msgRateIn 468/s is 23x the split threshold
+    # 20/s)": decided on the rate the broker reported.
+    assert found and "auto" in found[0]["message"], found
+    assert "msgRateIn" in found[0]["message"] and "threshold 20/s" in found[0]["message"], found
+
+    controller_url = topic["status"]["controller"]["url"]
+
+    async def counted() -> float | None:
+        async with aiohttp.ClientSession() as http, http.get(controller_url + "/metrics") as r:
+            text = await r.text()
+        match = re.search(
+            r'^scalable_topic_auto_splits_total\{namespace="default",topic="hot"\} (\S+)$',
+            text,
+            re.M,
+        )
+        return float(match.group(1)) if match else None
+
+    assert await eventually(counted, 10, "the auto-split counter") == 1.0
+
+
+async def test_delete_runs_finalizer(stack: Stack) -> None:
+    name = "doomed"
+    await stack.apply_topic(topic_body(name, segments=3))
+    await stack.wait_ready(name)
+    await stack.request(name, {"id": "s", "op": "split", "segments": [1]})
+    await stack.wait_request(name, "s")
+    assert len(await stack.broker_segments(name)) == 5
+
+    await stack.kubectl("delete", "stopic", name, "--wait=true", "--timeout=60s", within=90)
+    assert await stack.topic(name) is None
+
+    async def gone() -> bool:
+        return not await stack.segments(name) and not await stack.broker_segments(name)
+
+    await eventually(gone, 30, "segments gone from the API and the brokers")
