@@ -103,8 +103,14 @@ class Demo:
             ready = any(
                 c.type == "Ready" and c.status == "True" for c in pod.status.conditions or []
             )
-            if ready and pod.status.pod_ip:
-                return f"http://{pod.status.pod_ip}:8080"
+            ports = [
+                p.container_port
+                for c in pod.spec.containers
+                for p in c.ports or []
+                if p.name == "http"
+            ]
+            if ready and pod.status.pod_ip and ports:
+                return f"http://{pod.status.pod_ip}:{ports[0]}"
         return ""
 
     async def topic(self, api: k8s.ApiClient) -> dict[str, Any]:
@@ -294,7 +300,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         try:
             return await task
         except asyncio.CancelledError:
-            return 130
+            return 0 if demo.stop.is_set() else 130
         except RuntimeError as exc:
             print(f"stopic demo: {exc}", file=sys.stderr)
             return 1

@@ -16,6 +16,7 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from ..core.layout import SegmentLayout
 from ..core.policy import DEFAULT_POLICY, AutoScalePolicy
 from ..core.resources import (
     GROUP,
@@ -112,7 +113,7 @@ class Controller:
             self.brokers,
             self.cache,
             events=self._event,
-            on_layout=self.hub.layout_changed,
+            on_layout=self._layout_changed,
         )
         self.reconciler = TopicReconciler(
             kube,
@@ -141,6 +142,13 @@ class Controller:
 
     async def _event(self, topic: Body, type_: str, reason: str, message: str) -> None:
         await self.reconciler.event(topic, type_, reason, message)
+
+    def _layout_changed(self, namespace: str, name: str, layout: SegmentLayout) -> None:
+        """A split/merge/rebucket committed: consumers get new assignments, and one more
+        reconcile pass brings the conditions and the rest of the status up to date (the
+        operator's own status writes do not trigger passes)."""
+        self.hub.layout_changed(namespace, name, layout)
+        self.queue.add((namespace, name))
 
     def _controller_ref(self, namespace: str, name: str) -> dict[str, Any]:
         return {
