@@ -307,9 +307,9 @@ def topic_body(name: str, *, segments: int = 2, **spec: Any) -> JsonObj:
 
 
 def write_overlay(directory: Path, broker_port: int, operator_port: int) -> Path:
-    """A kustomization on top of ``manifests/overlays/local`` that moves the ports, so that
-    test stacks running at the same time (each cluster hands out the same 127.0.0.x addresses)
-    do not collide, and suspends the recommender CronJob."""
+    """A kustomization on top of ``manifests/overlays/local`` that moves the ports (a second
+    guard, besides each cluster's own loopback subnet, against test stacks running at the same
+    time colliding), and suspends the recommender CronJob."""
     directory.mkdir(parents=True, exist_ok=True)
     probe = {"httpGet": {"path": "/healthz", "port": broker_port}}
     broker = {

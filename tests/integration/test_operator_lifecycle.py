@@ -90,7 +90,7 @@ async def test_example_topic_becomes_ready(stack: Stack) -> None:
     assert "scalabletopics.io/finalizer" in topic["metadata"]["finalizers"]
     controller = topic["status"]["controller"]
     assert controller["pod"] == await stack.leader()
-    assert re.fullmatch(rf"http://127\.0\.0\.\d+:{stack.broker_port + 1}", controller["url"])
+    assert re.fullmatch(rf"http://127\.\d+\.\d+\.\d+:{stack.broker_port + 1}", controller["url"])
     current = await assert_consistent(stack, "orders")
     segments = await stack.segments("orders")
     on_brokers = await stack.broker_segments("orders")
@@ -301,3 +301,37 @@ async def test_delete_runs_finalizer(stack: Stack) -> None:
         return not await stack.segments(name) and not await stack.broker_segments(name)
 
     await eventually(gone, 30, "segments gone from the API and the brokers")
+
+
+async def test_subscriptions_follow_the_spec_on_every_live_segment(stack: Stack) -> None:
+    name = "subs"
+    await stack.apply_topic(topic_body(name, segments=2))
+    await stack.wait_ready(name)
+    await stack.request(name, {"id": "s", "op": "split", "segments": [0]})
+    await stack.wait_request(name, "s")
+
+    subscriptions = [{"name": "billing", "type": "Stream"}, {"name": "reports", "type": "Queue"}]
+    await stack.apply_topic(topic_body(name, segments=2, subscriptions=subscriptions))
+    await stack.wait_ready(name)
+
+    async def provisioned(expected: set[str]) -> bool:
+        topic = await stack.topic(name)
+        assert topic is not None
+        active = [s.segment_id for s in layout(topic).active()]
+        on_brokers = await stack.broker_segments(name)
+        for sid in active:
+            stats = await stack.segment_stats(on_brokers[sid], name, sid)
+            if stats is None or set(stats["subscriptions"]) != expected:
+                return False
+        return True
+
+    await eventually(
+        lambda: provisioned({"billing", "reports"}), 30, "the added subscription on every segment"
+    )
+    await stack.apply_topic(
+        topic_body(name, segments=2, subscriptions=[{"name": "reports", "type": "Queue"}])
+    )
+    await stack.wait_ready(name)
+    await eventually(
+        lambda: provisioned({"reports"}), 30, "the removed subscription gone from every segment"
+    )
