@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 from pathlib import Path
@@ -87,7 +88,7 @@ async def test_statefulset_pods_run_restart_and_scale(tmp_path: Path) -> None:
         ips = [p["status"]["podIP"] for p in pods]
         assert len(set(ips)) == 2
         for i, (pod, ip) in enumerate(zip(pods, ips, strict=True)):
-            assert ip.startswith("127.0.0.") and ip != "127.0.0.1"
+            assert ipaddress.ip_address(ip).is_loopback and not ip.startswith("127.0.0.")
             assert pod["status"]["podIPs"] == [{"ip": ip}]
             assert pod["status"]["hostIP"] == "127.0.0.1"
             assert pod["spec"]["nodeName"] == "local"
