@@ -12,13 +12,16 @@ import json
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from scalable_topics.localcluster.cluster import LocalCluster
+from segment_broker.testing import BrokerProcess
+
+from .client_harness import OperatorReplica, broker_processes, start_operator
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 
@@ -98,3 +101,21 @@ def kubectl(local_cluster: LocalCluster) -> Callable[..., Awaitable[KubectlResul
         return await run_kubectl(local_cluster, *args, input=input, check=check)
 
     return run
+
+
+# -- client tests: real broker processes and one operator session server ---------------------
+
+
+@pytest.fixture(scope="module")
+def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[BrokerProcess]]:
+    """Two real broker processes shared by a test module."""
+    with broker_processes(tmp_path_factory.mktemp("brokers"), 2) as procs:
+        yield procs
+
+
+@pytest.fixture
+async def operator() -> AsyncIterator[OperatorReplica]:
+    """The operator's real session server over an in-memory DAG source (client_harness)."""
+    replica = await start_operator()
+    yield replica
+    await replica.stop()

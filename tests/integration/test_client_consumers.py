@@ -5,7 +5,6 @@ reassignment when a second consumer joins, checkpoint export/restore, controller
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from scalable_topics.client import (
@@ -23,7 +22,6 @@ from .client_harness import (
     KeyedLoad,
     OperatorReplica,
     TopicEnv,
-    broker_processes,
     check_order,
     start_operator,
 )
@@ -34,19 +32,6 @@ pytestmark = pytest.mark.integration
 NS = "clients"
 SUBS = {"stream": "Stream", "queue": "Queue"}
 KEYS = [f"user-{i}" for i in range(24)]
-
-
-@pytest.fixture(scope="module")
-def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[BrokerProcess]]:
-    with broker_processes(tmp_path_factory.mktemp("brokers"), 2) as procs:
-        yield procs
-
-
-@pytest.fixture
-async def operator() -> AsyncIterator[OperatorReplica]:
-    replica = await start_operator()
-    yield replica
-    await replica.stop()
 
 
 async def _env(

@@ -6,26 +6,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from scalable_topics.client import ScalableTopicProducer, StreamConsumer
 from segment_broker.testing import BrokerProcess
 
-from .client_harness import KeyedLoad, OperatorReplica, TopicEnv, check_order, start_operator
+from .client_harness import KeyedLoad, OperatorReplica, TopicEnv, check_order
 
 pytestmark = pytest.mark.integration
 
 NS = "clients"
 KEYS = [f"acct-{i}" for i in range(16)]
-
-
-@pytest.fixture
-async def operator() -> AsyncIterator[OperatorReplica]:
-    replica = await start_operator()
-    yield replica
-    await replica.stop()
 
 
 async def test_producer_survives_broker_restart_without_duplicates(

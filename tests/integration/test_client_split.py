@@ -8,7 +8,6 @@ concurrently. Every acknowledged message must arrive, and each key's messages in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from scalable_topics.client import QueueConsumer, ScalableTopicProducer, StreamConsumer
@@ -19,9 +18,7 @@ from .client_harness import (
     KeyedLoad,
     OperatorReplica,
     TopicEnv,
-    broker_processes,
     check_order,
-    start_operator,
 )
 from .conftest import eventually
 
@@ -30,19 +27,6 @@ pytestmark = pytest.mark.integration
 NS = "clients"
 SUBS = {"stream": "Stream", "queue": "Queue"}
 KEYS = [f"key-{i}" for i in range(40)]
-
-
-@pytest.fixture(scope="module")
-def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[BrokerProcess]]:
-    with broker_processes(tmp_path_factory.mktemp("brokers"), 2) as procs:
-        yield procs
-
-
-@pytest.fixture
-async def operator() -> AsyncIterator[OperatorReplica]:
-    replica = await start_operator()
-    yield replica
-    await replica.stop()
 
 
 async def _env(operator: OperatorReplica, brokers: list[BrokerProcess], topic: str) -> TopicEnv:
