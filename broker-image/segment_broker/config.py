@@ -19,7 +19,7 @@ class BrokerConfig:
     port: int = 8080
     fsync: FsyncMode = "always"
     fsync_interval_ms: int = 50
-    roll_bytes: int = 64 * 1024 * 1024
+    roll_bytes: int = 256 * 1024 * 1024
     cache_bytes: int = 256 * 1024 * 1024
     cursor_flush_ms: int = 100
     max_inflight_bytes: int = 8 * 1024 * 1024

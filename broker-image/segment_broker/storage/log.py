@@ -10,23 +10,30 @@ Files roll once they reach ``roll_bytes``. A sparse index ``log-<base>.idx`` (pa
 position, u64 file offset, one every ``index_interval`` bytes) is written when a file is rolled
 and rebuilt by scanning otherwise.
 
-Durability: :meth:`SegmentLog.stage` only buffers; :meth:`SegmentLog.flush` writes everything
-staged since the last flush with one ``write`` and one ``fdatasync`` in a worker thread (group
-commit). ``durable_position`` is the last position covered by a completed flush.
+Durability: :meth:`SegmentLog.stage` only buffers; :meth:`SegmentLog.commit_chunk` hands what was
+staged to the segment's :class:`LogWriter`, which pipelines writing and syncing in two dedicated
+threads: the *writer* appends chunks as they arrive while the *syncer* runs ``fdatasync`` over
+everything written up to the moment it starts (group commit). ``synced_position`` is the last
+position covered by a completed ``fdatasync``; with ``fsync=always`` nothing above it is
+acknowledged. Rolling to a new file happens in the writer between two chunks: the old file is
+synced, the new one created and its directory entry synced before anything is written to it.
 
 Recovery scans the last file record by record and truncates it at the first record that is
 short, fails its checksum or has an unexpected position (a torn tail after a crash). Nothing that
-was acknowledged can be lost that way: an acknowledgement is only sent after its flush returned.
+was acknowledged can be lost that way: an acknowledgement is only sent after its sync returned.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import re
 import struct
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +50,13 @@ MAX_RECORD = 64 * 1024 * 1024
 _LOG_NAME = re.compile(r"^log-(\d{20})\.log$")
 _READ_CHUNK = 64 * 1024
 _READ_MAX = 8 * 1024 * 1024
+_WRITE_SLICE = 2 * 1024 * 1024
+"""Bytes per ``writev``: the writer publishes progress at least this often, so the syncer can
+start on the first part of a large backlog while the rest is still being written."""
+_IOV_MAX = 1024
+
+fdatasync: Callable[[int], None] = os.fdatasync
+"""The sync primitive of the log (module-level so that tests can observe every sync)."""
 
 
 def log_name(base: int) -> str:
@@ -108,8 +122,8 @@ def scan_records(data: bytes | memoryview, start_offset: int = 0) -> Iterator[tu
 
 
 class SegmentLog:
-    """The log files of one segment. Not thread-safe: owned by the event loop; only the bytes
-    of one flush are handed to a worker thread at a time."""
+    """The log files of one segment. Not thread-safe: owned by the event loop; staged chunks
+    are handed to the :class:`LogWriter` threads, which own the active file descriptor."""
 
     def __init__(
         self, directory: Path, *, roll_bytes: int = 64 * 1024 * 1024, index_interval: int = 65536
@@ -123,6 +137,7 @@ class SegmentLog:
         self._pending = bytearray()
         self._pending_index: list[tuple[int, int]] = []
         self._last_indexed_off = -(1 << 62)
+        self.writer: LogWriter | None = None
         self.next_position = 0
         self.written_position = -1
         self.durable_position = -1
@@ -242,7 +257,7 @@ class SegmentLog:
     # --- appending -----------------------------------------------------------------------------
 
     def stage(self, entry: bytes | memoryview) -> int:
-        """Buffer one entry for the next flush and return its position."""
+        """Buffer one entry for the next chunk and return its position."""
         pos = self.next_position
         self.next_position = pos + 1
         off = len(self._pending)
@@ -262,7 +277,7 @@ class SegmentLog:
         return len(self._pending)
 
     def take_pending(self) -> tuple[bytearray, list[tuple[int, int]], int]:
-        """Detach the staged bytes for one flush: ``(data, index points, last position)``."""
+        """Detach the staged bytes: ``(data, index points, last position)``."""
         data = self._pending
         index = self._pending_index
         self._pending = bytearray()
@@ -270,65 +285,59 @@ class SegmentLog:
         self._last_indexed_off = -(1 << 62)
         return data, index, self.next_position - 1
 
-    def write_blocking(self, data: bytearray | bytes, sync: bool) -> None:
-        """Worker-thread part of a flush: write all of ``data`` and optionally fdatasync."""
-        fd = self._fd
-        assert fd is not None
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        if sync:
-            os.fdatasync(fd)
+    def commit_chunk(self) -> tuple[bytearray, int, LogFile | None]:
+        """Take everything staged as one chunk for the writer and account for it in the file
+        list (readers are gated by ``written_position``, so this may run ahead of the disk).
 
-    def sync_blocking(self) -> None:
-        if self._fd is not None:
-            os.fdatasync(self._fd)
-
-    def complete_write(self, size: int, index: list[tuple[int, int]], last_position: int) -> None:
-        """Event-loop part of a flush after ``write_blocking`` returned."""
+        Returns ``(data, last position, rolled)``: ``rolled`` is the file that this chunk
+        filled up; the caller then queues a roll (:meth:`LogWriter.submit_roll`) to the file
+        that is already appended to ``files``.
+        """
+        data, index, last = self.take_pending()
         lf = self.files[-1]
         base_off = lf.size
         for pos, off in index:
             lf.add_index(pos, base_off + off)
-        lf.size += size
-        lf.next_position = last_position + 1
-        self.written_position = last_position
+        lf.size += len(data)
+        lf.next_position = last + 1
+        if lf.size < self.roll_bytes:
+            return data, last, None
+        new = LogFile(
+            base=last + 1, path=self.directory / log_name(last + 1), next_position=last + 1
+        )
+        self.files.append(new)
+        self._bases.append(new.base)
+        return data, last, lf
+
+    def start_writer(
+        self, *, sync_each: bool, interval_s: float, notify: Callable[[], object]
+    ) -> LogWriter:
+        """Hand the active file to a new :class:`LogWriter` (after :meth:`open`)."""
+        fd = self._fd
+        assert fd is not None and self.writer is None
+        self._fd = None
+        self.writer = LogWriter(
+            fd,
+            self.directory,
+            synced_position=self.durable_position,
+            sync_each=sync_each,
+            interval_s=interval_s,
+            notify=notify,
+            name=self.directory.name,
+        )
+        return self.writer
+
+    def mark_written(self, position: int) -> None:
+        if position > self.written_position:
+            self.written_position = position
 
     def mark_durable(self, position: int) -> None:
         if position > self.durable_position:
             self.durable_position = position
 
-    def needs_roll(self) -> bool:
-        return self.files[-1].size >= self.roll_bytes and not self._pending
-
-    def roll_blocking(self, sync_old: bool) -> tuple[LogFile, int]:
-        """Worker-thread part of a roll: create the next file and make its name durable.
-
-        Call only between flushes (nothing in flight); :meth:`roll_commit` then switches over
-        on the event loop, so readers never see a half-updated file list. ``sync_old`` is needed
-        only when flushes do not fdatasync themselves (``fsync=interval``). The old file's index
-        is written afterwards by :meth:`write_index_blocking` (it can always be rebuilt).
-        """
-        lf = self.files[-1]
-        if sync_old and self._fd is not None:
-            os.fdatasync(self._fd)
-        base = lf.next_position
-        new = LogFile(base=base, path=self.directory / log_name(base), next_position=base)
-        fd = os.open(new.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        fsync_dir(self.directory)
-        return new, fd
-
     def write_index_blocking(self, lf: LogFile) -> None:
         if lf.path.exists():
             self._write_index(lf)
-
-    def roll_commit(self, new: LogFile, fd: int) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd = fd
-        self.files.append(new)
-        self._bases.append(new.base)
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -404,11 +413,245 @@ class SegmentLog:
                 path.unlink(missing_ok=True)
         fsync_dir(self.directory)
 
-    def close(self) -> None:
+    def close(self, *, sync: bool = True) -> None:
+        """Stop the writer (after it wrote and, with ``sync``, synced what it was given)."""
+        if self.writer is not None:
+            self.writer.stop(final_sync=sync)
+            self.writer = None
         if self._fd is not None:
+            if sync:
+                fdatasync(self._fd)
             os.close(self._fd)
             self._fd = None
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+
+class LogWriter:
+    """Pipelined group commit for one segment log: a writer thread and a syncer thread.
+
+    The event loop queues chunks (:meth:`submit_write`) and rolls (:meth:`submit_roll`); the
+    writer appends chunks in order as soon as it is free and publishes ``written_position``;
+    the syncer, whenever something was written since its last sync, notes the written position
+    and file, runs ``fdatasync`` and then publishes that position as ``synced_position``. So a
+    sync always covers exactly what was written before it started, and writing the next chunks
+    overlaps with it. With ``sync_each=False`` (``fsync=interval``) the syncer instead runs every
+    ``interval_s`` seconds.
+
+    ``notify`` is called from the threads (coalesced: at most one call until :meth:`take`) when
+    ``written_position`` (interval mode), ``synced_position``, a roll or an error is new.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        directory: Path,
+        *,
+        synced_position: int,
+        sync_each: bool,
+        interval_s: float,
+        notify: Callable[[], object],
+        name: str = "",
+    ) -> None:
+        self.directory = directory
+        self.sync_each = sync_each
+        self.interval_s = interval_s
+        self._notify_cb = notify
+        self._lock = threading.Lock()
+        self._writer_cv = threading.Condition(self._lock)
+        self._syncer_cv = threading.Condition(self._lock)
+        self._ops: list[tuple[bytearray | bytes, int] | Path] = []
+        self._fd = fd
+        self._retired: list[int] = []
+        self._stopping = False
+        self._writer_done = False
+        self._final_sync = True
+        self._notified = False
+        self.written_position = synced_position
+        self.synced_position = synced_position
+        self._sync_durations: list[float] = []
+        self._rolls_done = 0
+        self.error: BaseException | None = None
+        self._writer = threading.Thread(target=self._write_loop, name=f"log-write {name}")
+        self._syncer = threading.Thread(target=self._sync_loop, name=f"log-sync {name}")
+        self._writer.daemon = self._syncer.daemon = True
+        self._writer.start()
+        self._syncer.start()
+
+    # --- event-loop side -----------------------------------------------------------------------
+
+    def submit_write(self, data: bytearray | bytes, last_position: int) -> None:
+        """Queue a chunk for the writer thread. Not written on the event loop: a buffered
+        append can block on the filesystem journal while other processes sync."""
+        with self._lock:
+            self._ops.append((data, last_position))
+            self._writer_cv.notify()
+
+    def submit_roll(self, path: Path) -> None:
+        """Continue in a new file at ``path`` after the chunks submitted so far."""
+        with self._lock:
+            self._ops.append(path)
+            self._writer_cv.notify()
+
+    def take(self) -> tuple[int, int, list[float], int, BaseException | None]:
+        """``(written, synced, sync durations, rolls completed, error)`` since the last call;
+        re-arms ``notify``."""
+        with self._lock:
+            self._notified = False
+            durations = self._sync_durations
+            self._sync_durations = []
+            rolls = self._rolls_done
+            self._rolls_done = 0
+            return self.written_position, self.synced_position, durations, rolls, self.error
+
+    def stop(self, *, final_sync: bool = True) -> None:
+        """Blocking: write what was submitted, sync it (unless ``final_sync`` is false or a
+        write failed), stop both threads and close the files."""
+        with self._lock:
+            self._stopping = True
+            self._final_sync = final_sync
+            self._writer_cv.notify()
+            self._syncer_cv.notify()
+        self._writer.join()
+        self._syncer.join()
+        for fd in (*self._retired, self._fd):
+            os.close(fd)
+        self._retired = []
+
+    # --- threads -------------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        """Call with the lock held."""
+        if not self._notified:
+            self._notified = True
+            # RuntimeError: the event loop is closed, nobody is waiting any more.
+            with contextlib.suppress(RuntimeError):
+                self._notify_cb()
+
+    def _fail(self, exc: BaseException) -> None:
+        log.error("log %s: I/O failed: %s", self.directory, exc)
+        with self._lock:
+            if self.error is None:
+                self.error = exc
+            self._stopping = True
+            self._syncer_cv.notify()
+            self._writer_cv.notify()
+            self._notify()
+
+    def _write_loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._ops and not self._stopping:
+                        self._writer_cv.wait()
+                    if self.error is not None or (not self._ops and self._stopping):
+                        break
+                    ops = self._ops
+                    self._ops = []
+                self._write_ops(ops)
+        except BaseException as exc:
+            self._fail(exc)
+        finally:
+            with self._lock:
+                self._writer_done = True
+                self._syncer_cv.notify()
+
+    def _write_ops(self, ops: list[tuple[bytearray | bytes, int] | Path]) -> None:
+        bufs: list[bytearray | bytes] = []
+        size = 0
+        last = -1
+        for op in ops:
+            if isinstance(op, Path):
+                if bufs:
+                    self._writev(bufs, last)
+                    bufs, size = [], 0
+                self._roll(op)
+                continue
+            data, last = op
+            bufs.append(data)
+            size += len(data)
+            if size >= _WRITE_SLICE or len(bufs) >= _IOV_MAX:
+                self._writev(bufs, last)
+                bufs, size = [], 0
+        if bufs:
+            self._writev(bufs, last)
+
+    def _writev(self, bufs: list[bytearray | bytes], last_position: int) -> None:
+        fd = self._fd
+        views = [memoryview(b) for b in bufs]
+        while views:
+            n = os.writev(fd, views)
+            while views and n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            if n:
+                views[0] = views[0][n:]
+        with self._lock:
+            self.written_position = last_position
+            self._syncer_cv.notify()
+            if not self.sync_each:
+                self._notify()
+
+    def _roll(self, path: Path) -> None:
+        """Sync the old file completely, create the new one and make its name durable; only
+        then does the new file receive data (whose sync alone would not persist the name)."""
+        old = self._fd
+        with self._lock:
+            written = self.written_position
+            need_sync = written > self.synced_position
+        if need_sync:
+            t0 = time.perf_counter()
+            fdatasync(old)
+            elapsed = time.perf_counter() - t0
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fsync_dir(self.directory)
+        with self._lock:
+            if need_sync:
+                self._sync_durations.append(elapsed)
+                if written > self.synced_position:
+                    self.synced_position = written
+            self._retired.append(old)
+            self._fd = fd
+            self._rolls_done += 1
+            self._notify()
+
+    def _sync_loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self.sync_each:
+                        while not self._stopping and self.written_position <= self.synced_position:
+                            self._syncer_cv.wait()
+                    else:
+                        # Writes notify this condition too: sleep out the whole interval.
+                        due = time.monotonic() + self.interval_s
+                        while not self._stopping and (left := due - time.monotonic()) > 0:
+                            self._syncer_cv.wait(left)
+                    if self._stopping:
+                        while not self._writer_done:
+                            self._syncer_cv.wait()
+                        if (
+                            self.error is not None
+                            or not self._final_sync
+                            or self.written_position <= self.synced_position
+                        ):
+                            return
+                    elif self.written_position <= self.synced_position:
+                        continue
+                    for retired in self._retired:
+                        os.close(retired)
+                    self._retired = []
+                    target = self.written_position
+                    fd = self._fd
+                t0 = time.perf_counter()
+                fdatasync(fd)
+                elapsed = time.perf_counter() - t0
+                with self._lock:
+                    self._sync_durations.append(elapsed)
+                    if target > self.synced_position:
+                        self.synced_position = target
+                    self._notify()
+        except BaseException as exc:
+            self._fail(exc)

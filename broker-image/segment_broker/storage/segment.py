@@ -8,12 +8,14 @@ Directory layout (``<data-dir>/<namespace>/<topic>/<descriptor>/``)::
     cursors/<sub>.json    one cursor per subscription
     sealed.json           the termination marker (lastPosition, successors)
 
-Group commit: :meth:`Segment.append` stages an entry in memory and wakes the flush task; the
-flush task writes everything staged since the previous flush with one ``write`` and one
-``fdatasync`` in a worker thread, then advances ``visible_position`` and calls the durability
-listeners (producer connections send their acks, dispatchers push to consumers). With
-``fsync="interval"`` the flush writes without syncing and acknowledges at once; a timer syncs
-every ``fsync_interval_ms`` (an explicit, weaker option: a machine crash loses the last interval).
+Group commit: :meth:`Segment.append` stages an entry in memory; once per event-loop pass the
+staged entries go to the log's writer thread as one chunk, and a syncer thread runs
+``fdatasync`` over everything written so far (``storage.log.LogWriter``), so writing the next
+chunks overlaps with syncing the previous ones. When a sync completes, the event loop advances
+``visible_position`` to the last position it covered and calls the durability listeners
+(producer connections send their acks, dispatchers push to consumers). With
+``fsync="interval"`` entries become visible once written and the syncer runs every
+``fsync_interval_ms`` (an explicit, weaker option: a machine crash loses the last interval).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import struct
 import threading
 import time
 from array import array
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -39,7 +42,7 @@ from scalable_topics.core.wire import ENTRY_HEADER_SIZE, EntryHeader
 
 from .cursor import Cursor, SubscriptionType
 from .fsutil import atomic_write_json, fsync_dir, read_json
-from .log import RecoveryReport, SegmentLog, scan_records
+from .log import LogFile, LogWriter, RecoveryReport, SegmentLog, scan_records
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ class SegmentGoneError(Exception):
 class StorageSettings:
     fsync: FsyncMode = "always"
     fsync_interval_ms: int = 50
-    roll_bytes: int = 64 * 1024 * 1024
+    roll_bytes: int = 256 * 1024 * 1024
     index_interval: int = 64 * 1024
     cache_bytes: int = 16 * 1024 * 1024
     cursor_flush_ms: int = 100
@@ -230,17 +233,22 @@ class Segment:
         self.seal_listeners: set[Callable[[], None]] = set()
         self.on_fsync = on_fsync
         self.on_durable_entries = on_durable_entries
-        self._wake = asyncio.Event()
-        self._flush_idle = asyncio.Event()
-        self._flush_idle.set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writer: LogWriter | None = None
+        self._submit_scheduled = False
+        self._progress = asyncio.Event()
+        """Set whenever ``visible_position`` advances or the log fails."""
         self._tasks: list[asyncio.Task[None]] = []
         self._pending_load: list[tuple[int, int, int | None]] = []
+        self._chunks: deque[tuple[int, list[tuple[int, int, int | None]]]] = deque()
+        """Submitted, not yet visible chunks: ``(last position, per-entry load)``."""
+        self._rolls: deque[tuple[LogFile, int, dict[str, tuple[int, int]]]] = deque()
+        """Queued rolls: ``(filled file, next base, dedup snapshot below it)``."""
         self._cache: list[bytes | memoryview] = []
         self._cache_base = 0
         self._cache_bytes = 0
         self.cache_limit = settings.cache_bytes
         """Bytes of recent entries kept in memory; the store shares its budget among segments."""
-        self._synced_position = -1
         self.recovery: RecoveryReport | None = None
         self.entries_in = 0
         self.messages_in = 0
@@ -270,12 +278,14 @@ class Segment:
         if self.seal is not None:
             self.sealed_event.set()
         self.visible_position = self.log.durable_position
-        self._synced_position = self.log.durable_position
         self._cache_base = self.log.next_position
-        self._tasks.append(loop.create_task(self._flush_loop(), name=f"flush {self.name}"))
+        self._loop = loop
+        self._writer = self.log.start_writer(
+            sync_each=self.settings.fsync == "always",
+            interval_s=self.settings.fsync_interval_ms / 1000.0,
+            notify=lambda: loop.call_soon_threadsafe(self._on_progress),
+        )
         self._tasks.append(loop.create_task(self._cursor_loop(), name=f"cursors {self.name}"))
-        if self.settings.fsync == "interval":
-            self._tasks.append(loop.create_task(self._interval_sync_loop()))
         return report
 
     def _open_blocking(self) -> RecoveryReport:
@@ -341,7 +351,6 @@ class Segment:
         """Flush what is staged, persist cursors, stop the background tasks."""
         if self.closed:
             return
-        self._wake.set()
         await self.wait_flushed()
         self.closed = True
         for t in self._tasks:
@@ -351,17 +360,12 @@ class Segment:
                 await t
         await self.persist_cursors()
         loop = asyncio.get_running_loop()
-
-        def sync_and_close() -> None:
-            if not self.failed:
-                self.log.sync_blocking()
-            self.log.close()
-
-        await loop.run_in_executor(self.executor, sync_and_close)
+        await loop.run_in_executor(self.executor, lambda: self.log.close(sync=not self.failed))
 
     async def destroy(self) -> None:
         """Delete the segment and its data."""
         self.closed = True
+        self._progress.set()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -370,7 +374,7 @@ class Segment:
         loop = asyncio.get_running_loop()
 
         def rm() -> None:
-            self.log.close()
+            self.log.close(sync=False)
             shutil.rmtree(self.directory, ignore_errors=True)
             with contextlib.suppress(OSError):
                 fsync_dir(self.directory.parent)
@@ -403,8 +407,9 @@ class Segment:
         if self._cache_bytes > self.cache_limit:
             self._evict_cache()
         self._pending_load.append((header.message_count, len(entry), header.key_hash_sample))
-        if not self._wake.is_set():
-            self._wake.set()
+        if not self._submit_scheduled and self._loop is not None:
+            self._submit_scheduled = True
+            self._loop.call_soon(self._submit)
         return pos, False
 
     def last_sequence_id(self, producer_name: str) -> int:
@@ -425,68 +430,84 @@ class Segment:
             self._cache_base += k
             self._cache_bytes -= dropped
 
-    async def _flush_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        sync = self.settings.fsync == "always"
+    def _submit(self) -> None:
+        """Hand everything staged during this event-loop pass to the writer as one chunk."""
+        self._submit_scheduled = False
         lg = self.log
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while lg.has_pending:
-                self._flush_idle.clear()
-                data, index, last = lg.take_pending()
-                loads = self._pending_load
-                self._pending_load = []
-                t0 = time.perf_counter()
-                try:
-                    await loop.run_in_executor(self.executor, lg.write_blocking, data, sync)
-                except OSError:
-                    log.exception("%s: log write failed; the segment stops accepting", self.name)
-                    self.closed = True
-                    self.failed = True
-                    for cb in list(self.seal_listeners):
-                        cb()
-                    raise
-                if sync:
-                    self.fsyncs += 1
-                    if self.on_fsync is not None:
-                        self.on_fsync(time.perf_counter() - t0)
-                    self._synced_position = last
-                lg.complete_write(len(data), index, last)
-                lg.mark_durable(last)
-                self.visible_position = last
-                self.entries_in += len(loads)
-                for count, nbytes, _ in loads:
-                    self.messages_in += count
-                    self.bytes_in += nbytes
-                if self.on_durable_entries is not None:
-                    self.on_durable_entries(loads)
-                for listener in list(self.listeners):
-                    listener(last)
-                if lg.files[-1].size >= lg.roll_bytes:
-                    await self._roll()
-            self._flush_idle.set()
+        writer = self._writer
+        if not lg.has_pending or writer is None or self.failed:
+            return
+        loads = self._pending_load
+        self._pending_load = []
+        data, last, filled = lg.commit_chunk()
+        self._chunks.append((last, loads))
+        writer.submit_write(data, last)
+        if filled is not None:
+            base = filled.next_position
+            snapshot: dict[str, tuple[int, int]] = {}
+            for name, st in self.producers.items():
+                found = st.last_below(base)
+                if found is not None:
+                    snapshot[name] = found
+            self._rolls.append((filled, base, snapshot))
+            writer.submit_roll(lg.files[-1].path)
 
-    async def _roll(self) -> None:
-        """Start the next log file. Only creating it (and syncing the directory) holds up the
-        group commit; the old file's index and the dedup snapshot are written afterwards."""
-        loop = asyncio.get_running_loop()
-        old = self.log.files[-1]
-        base = old.next_position
-        snapshot: dict[str, tuple[int, int]] = {}
-        for name, st in self.producers.items():
-            found = st.last_below(base)
-            if found is not None:
-                snapshot[name] = found
-        sync_old = self.settings.fsync != "always"
-        new, fd = await loop.run_in_executor(self.executor, self.log.roll_blocking, sync_old)
-        self.log.roll_commit(new, fd)
+    def _on_progress(self) -> None:
+        """Event loop: the writer threads reported a write, sync, roll or failure."""
+        writer = self._writer
+        if writer is None:
+            return
+        written, synced, durations, rolls, error = writer.take()
+        for elapsed in durations:
+            self.fsyncs += 1
+            if self.on_fsync is not None:
+                self.on_fsync(elapsed)
+        for _ in range(rolls):
+            self._finish_roll(*self._rolls.popleft())
+        lg = self.log
+        lg.mark_written(written)
+        lg.mark_durable(synced)
+        target = synced if self.settings.fsync == "always" else written
+        if target > self.visible_position and not self.failed:
+            loads: list[tuple[int, int, int | None]] = []
+            chunks = self._chunks
+            while chunks and chunks[0][0] <= target:
+                loads.extend(chunks.popleft()[1])
+            self.visible_position = target
+            self.entries_in += len(loads)
+            for count, nbytes, _ in loads:
+                self.messages_in += count
+                self.bytes_in += nbytes
+            if self.on_durable_entries is not None:
+                self.on_durable_entries(loads)
+            for listener in list(self.listeners):
+                listener(target)
+            self._progress.set()
+        if error is not None and not self.failed:
+            log.error("%s: log I/O failed (%s); the segment stops accepting", self.name, error)
+            self.closed = True
+            self.failed = True
+            self._progress.set()
+            for cb in list(self.seal_listeners):
+                cb()
+
+    def _finish_roll(self, old: LogFile, base: int, snapshot: dict[str, tuple[int, int]]) -> None:
+        """After the writer switched files: write the filled file's index and the dedup
+        snapshot in the background (both can be rebuilt, so nothing waits for them)."""
 
         def finish() -> None:
             atomic_write_json(self.directory / f"dedup-{base:020d}.json", snapshot)
             self.log.write_index_blocking(old)
 
-        task = loop.run_in_executor(self.executor, finish)
+        try:
+            task = asyncio.get_running_loop().run_in_executor(self.executor, finish)
+        except RuntimeError:
+            log.warning(
+                "%s: shutting down; the index of %s is rebuilt at the next start",
+                self.name,
+                old.path.name,
+            )
+            return
         task.add_done_callback(self._background_done)
 
     def _background_done(self, fut: asyncio.Future[None]) -> None:
@@ -497,28 +518,19 @@ class Segment:
                 fut.exception(),
             )
 
-    async def _interval_sync_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        period = self.settings.fsync_interval_ms / 1000.0
-        while True:
-            await asyncio.sleep(period)
-            target = self.log.written_position
-            if target > self._synced_position:
-                t0 = time.perf_counter()
-                await loop.run_in_executor(self.executor, self.log.sync_blocking)
-                self.fsyncs += 1
-                if self.on_fsync is not None:
-                    self.on_fsync(time.perf_counter() - t0)
-                self._synced_position = target
-
     async def wait_flushed(self) -> None:
-        """Return once everything staged so far has been flushed."""
-        while self.log.has_pending or not self._flush_idle.is_set():
-            if self.closed:
-                return
-            self._wake.set()
-            await self._flush_idle.wait()
-            await asyncio.sleep(0)
+        """Return once everything staged so far is acknowledgeable (or the log failed)."""
+        target = self.log.next_position - 1
+        while (
+            self.visible_position < target
+            and not self.failed
+            and not self.closed
+            and self._writer is not None
+        ):
+            if self.log.has_pending and not self._submit_scheduled:
+                self._submit()
+            self._progress.clear()
+            await self._progress.wait()
 
     @property
     def in_flight(self) -> int:
