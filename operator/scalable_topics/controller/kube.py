@@ -58,10 +58,6 @@ def _ignore_environment_proxies(api_client: k8s.ApiClient) -> None:
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 
 
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class KubeApi:
     """Typed façade over the few endpoints the controller uses."""
 

@@ -25,7 +25,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..core.dagview import render_dag
@@ -478,7 +478,3 @@ def _describe(operation: Operation) -> str:
     children = ", ".join(f"#{c.segment_id} {c.hash_range.hex()}" for c in operation.children)
     verb = {"split": "split", "merge": "merged", "rebucket": "rebucketed"}[operation.kind]
     return f"{verb} {parents} into {children}"
-
-
-def segment_states(layout: SegmentLayout) -> Mapping[int, str]:
-    return {sid: "Active" if s.active else "Sealed" for sid, s in layout.segments.items()}

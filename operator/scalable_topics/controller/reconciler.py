@@ -8,6 +8,7 @@ interrupted anywhere (crash, lost Lease) and simply run again.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -17,7 +18,7 @@ from typing import Any
 from ..core.buckets import initial_layout_buckets, layout_buckets
 from ..core.dagview import render_dag
 from ..core.layout import SegmentLayout
-from ..core.operation import Operation, plan_merge, plan_split
+from ..core.operation import Operation, plan_merge, plan_rebucket, plan_split
 from ..core.policy import AutoScalePolicy
 from ..core.resources import (
     ANNOTATION_REQUEST,
@@ -91,8 +92,6 @@ class TopicReconciler:
 
     async def policy(self, namespace: str, spec: ScalableTopicSpec) -> AutoScalePolicy:
         """Topic spec, then the namespace annotation, then the operator's defaults."""
-        import json
-
         annotations = await self.kube.namespace_annotations(namespace)
         raw = annotations.get(POLICY_ANNOTATION)
         namespace_policy: dict[str, Any] = {}
@@ -357,8 +356,6 @@ class TopicReconciler:
         buckets: int | None = None,
     ) -> Operation:
         """Plan a split/merge on the current layout; ``ValueError`` says why it can't be."""
-        from ..core.operation import plan_rebucket
-
         spec = parse_topic_spec(topic.get("spec"))
         counts = self._buckets(topic, layout, spec)
         op_id = f"{op}-{uuid.uuid4().hex[:8]}"
@@ -543,8 +540,6 @@ class TopicReconciler:
 
 
 def _loose_id(raw: str) -> str:
-    import json
-
     try:
         data = json.loads(raw)
     except json.JSONDecodeError:
