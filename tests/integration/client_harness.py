@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,56 +29,7 @@ from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.sessions import DagMessage, dag_message
 from segment_broker.testing import BrokerProcess, free_port
 
-
-class _Watch:
-    def __init__(self, latest: DagMessage) -> None:
-        self.latest = latest
-        self.ended = False
-        self.wake = asyncio.Event()
-        self.wake.set()
-
-
-class MemoryDagSource:
-    """``DagSource`` over in-memory layouts: ``watch`` yields the current DAG, then the latest
-    after every change (slow watchers skip versions), and ends when the topic is deleted."""
-
-    def __init__(self) -> None:
-        self.controller_url = ""
-        self._dags: dict[tuple[str, str], DagMessage] = {}
-        self._watches: dict[tuple[str, str], set[_Watch]] = {}
-
-    def publish(self, message: DagMessage) -> None:
-        key = (message.namespace, message.topic)
-        self._dags[key] = message
-        for watch in self._watches.get(key, ()):
-            watch.latest = message
-            watch.wake.set()
-
-    def delete(self, namespace: str, name: str) -> None:
-        self._dags.pop((namespace, name), None)
-        for watch in self._watches.get((namespace, name), ()):
-            watch.ended = True
-            watch.wake.set()
-
-    def dag(self, namespace: str, name: str) -> DagMessage | None:
-        return self._dags.get((namespace, name))
-
-    async def watch(self, namespace: str, name: str) -> AsyncIterator[DagMessage]:
-        current = self._dags.get((namespace, name))
-        if current is None:
-            return
-        watch = _Watch(current)
-        watches = self._watches.setdefault((namespace, name), set())
-        watches.add(watch)
-        try:
-            while True:
-                await watch.wake.wait()
-                watch.wake.clear()
-                if watch.ended:
-                    return
-                yield watch.latest
-        finally:
-            watches.discard(watch)
+from tests.memory_dags import MemoryDagSource
 
 
 @dataclass

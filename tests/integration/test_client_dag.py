@@ -7,7 +7,9 @@ from scalable_topics.client import DagWatcher, TopicNotFoundError
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.sessions import dag_message
 
-from .client_harness import MemoryDagSource, start_operator
+from tests.memory_dags import MemoryDagSource
+
+from .client_harness import start_operator
 
 pytestmark = pytest.mark.integration
 

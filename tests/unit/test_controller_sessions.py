@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from scalable_topics.controller.consumers import ConsumerHub
 from scalable_topics.controller.sessions import make_app
 from scalable_topics.core.assignment import SubscriptionCoordinator
-from scalable_topics.core.buckets import bucket_boundaries, initial_layout_buckets, layout_buckets
+from scalable_topics.core.buckets import bucket_boundaries
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.sessions import (
     AssignmentMessage,
@@ -26,10 +26,11 @@ from scalable_topics.core.sessions import (
     ErrorMessage,
     RedirectMessage,
     consumers_path,
-    dag_message,
     dag_path,
     parse_server_message,
 )
+
+from tests.memory_dags import MemoryDagSource
 
 NS, TOPIC, SUB = "default", "orders", "billing"
 WS_HEADERS = {
@@ -38,87 +39,6 @@ WS_HEADERS = {
     "Sec-WebSocket-Version": "13",
     "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
 }
-
-# -- a real in-memory DagSource ---------------------------------------------------------------
-
-
-class _Watch:
-    def __init__(self, latest: DagMessage) -> None:
-        self.latest = latest
-        self.ended = False
-        self.wake = asyncio.Event()
-        self.wake.set()
-
-
-class MemoryDagSource:
-    """The topic cache's contract fed from layouts: ``watch`` yields the current DAG first, then
-    the latest one after every change (a slow watcher skips versions), and ends on deletion."""
-
-    def __init__(self, controller_url: str = "") -> None:
-        self.controller_url = controller_url
-        self._dags: dict[tuple[str, str], DagMessage] = {}
-        self._buckets: dict[tuple[str, str], dict[int, int]] = {}
-        self._watches: dict[tuple[str, str], set[_Watch]] = {}
-
-    def publish(
-        self,
-        namespace: str,
-        name: str,
-        layout: SegmentLayout,
-        brokers: Mapping[int, str] | None = None,
-        *,
-        bucket_budget: int = 4,
-    ) -> DagMessage:
-        key = (namespace, name)
-        known = self._buckets.get(key)
-        if known is None or layout.epoch == 0:
-            known = initial_layout_buckets(layout, bucket_budget)
-        buckets = layout_buckets(layout, known)
-        self._buckets[key] = buckets
-        if brokers is None:
-            brokers = {i: f"http://broker-{i % 3}.test:8080" for i in layout.segments}
-        message = dag_message(
-            namespace,
-            name,
-            layout,
-            brokers=brokers,
-            buckets=buckets,
-            controller_url=self.controller_url,
-        )
-        self._dags[key] = message
-        for watch in self._watches.get(key, ()):
-            watch.latest = message
-            watch.wake.set()
-        return message
-
-    def delete(self, namespace: str, name: str) -> None:
-        self._dags.pop((namespace, name), None)
-        for watch in self._watches.get((namespace, name), ()):
-            watch.ended = True
-            watch.wake.set()
-
-    def watchers(self, namespace: str, name: str) -> int:
-        return len(self._watches.get((namespace, name), ()))
-
-    def dag(self, namespace: str, name: str) -> DagMessage | None:
-        return self._dags.get((namespace, name))
-
-    async def watch(self, namespace: str, name: str) -> AsyncIterator[DagMessage]:
-        current = self._dags.get((namespace, name))
-        if current is None:
-            return
-        watch = _Watch(current)
-        watches = self._watches.setdefault((namespace, name), set())
-        watches.add(watch)
-        try:
-            while True:
-                await watch.wake.wait()
-                watch.wake.clear()
-                if watch.ended:
-                    return
-                yield watch.latest
-        finally:
-            watches.discard(watch)
 
 
 @dataclass
@@ -212,7 +132,7 @@ async def start_replica(
     await client.start_server()
     replica = Replica(dags, routing, hub, client, persisted, changed)
     layout = SegmentLayout.initial(segments)
-    dags.publish(NS, TOPIC, layout)
+    dags.publish_layout(NS, TOPIC, layout)
     if restore:
         hub.restore(
             NS,
@@ -288,7 +208,7 @@ async def test_dag_watch_sends_the_full_dag_then_every_change(replicas: list[Rep
     replica = await start_replica(segments=2)
     replicas.append(replica)
     layout = SegmentLayout.initial(2).split(0)
-    replica.dags.publish(NS, TOPIC, layout)
+    replica.dags.publish_layout(NS, TOPIC, layout)
 
     ws = await replica.client.ws_connect(dag_path(NS, TOPIC))
     first = await receive(ws)
@@ -301,7 +221,7 @@ async def test_dag_watch_sends_the_full_dag_then_every_change(replicas: list[Rep
         assert list(segment.bucket_boundaries) == bucket_boundaries(segment.buckets)
     assert first.to_layout() == layout
 
-    replica.dags.publish(NS, TOPIC, layout.split(3))
+    replica.dags.publish_layout(NS, TOPIC, layout.split(3))
     second = await receive(ws)
     assert isinstance(second, DagMessage)
     assert second.epoch == 2
@@ -340,7 +260,7 @@ async def test_a_slow_dag_watcher_blocks_nobody(replicas: list[Replica]) -> None
     replicas.append(replica)
     # ~1 MB per DAG message, 24 versions: far more than the socket buffers of a stalled reader
     layout = SegmentLayout.initial(1500)
-    replica.dags.publish(NS, TOPIC, layout, bucket_budget=1500 * 48)
+    replica.dags.publish_layout(NS, TOPIC, layout, bucket_budget=1500 * 48)
     slow = await replica.client.ws_connect(dag_path(NS, TOPIC), max_msg_size=0)
     fast = await replica.client.ws_connect(dag_path(NS, TOPIC), max_msg_size=0)
     assert (await receive(slow, within=20)).epoch == 0
@@ -349,7 +269,7 @@ async def test_a_slow_dag_watcher_blocks_nobody(replicas: list[Replica]) -> None
     versions = 24
     for i in range(versions):
         layout = layout.split(i)
-        replica.dags.publish(NS, TOPIC, layout)
+        replica.dags.publish_layout(NS, TOPIC, layout)
         await asyncio.sleep(0)  # let the server pick each version up
     seen_fast: list[int] = []
     while not seen_fast or seen_fast[-1] < versions:
@@ -462,7 +382,7 @@ async def test_drain_reports_ungate_split_children(replicas: list[Replica]) -> N
     assert not by_id[2].consumable and by_id[2].blocked_by == (0,)
     assert by_id[2].broker_url is None
 
-    replica.dags.publish(NS, TOPIC, split)
+    replica.dags.publish_layout(NS, TOPIC, split)
     placed = await assignment_where(c1, lambda m: all(s.broker_url for s in m.segments))
     assert ids(placed) == {0, 1, 2, 3}
 
@@ -490,7 +410,7 @@ async def test_controller_observed_drain_ungates_children(replicas: list[Replica
     c2 = await replica.connect("c2")
     await assignment_where(c2)
     merged = SegmentLayout.initial(2).merge(0, 1)
-    replica.dags.publish(NS, TOPIC, merged)
+    replica.dags.publish_layout(NS, TOPIC, merged)
     replica.hub.layout_changed(NS, TOPIC, merged)
     await wait_for(lambda: not replica.coordinator().is_consumable(2))
     replica.hub.segment_drained(NS, TOPIC, SUB, 0)
@@ -778,7 +698,7 @@ async def test_restore_writes_back_a_status_behind_the_layout(replicas: list[Rep
 
     replica = await start_replica(segments=2, restore=False)
     replicas.append(replica)
-    replica.dags.publish(NS, TOPIC, split)
+    replica.dags.publish_layout(NS, TOPIC, split)
     replica.hub.restore(NS, TOPIC, split, [status], grace_period=30, strategies={SUB: "sticky"})
     await wait_for(lambda: bool(replica.persisted))
     written = replica.persisted[-1][3]
