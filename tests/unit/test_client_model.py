@@ -110,3 +110,36 @@ def test_drain_gating() -> None:
     assert readable(_assigned(True, ()), set())
     assert not readable(_assigned(False, (1, 2)), {1})
     assert readable(_assigned(False, (1, 2)), {1, 2, 9})
+
+
+async def test_stopping_a_reader_task_does_not_swallow_the_callers_cancellation() -> None:
+    import asyncio
+
+    from scalable_topics.client.segment import _cancel_and_wait
+
+    reader = asyncio.create_task(asyncio.Event().wait())
+    await _cancel_and_wait(reader)
+    assert reader.cancelled(), "the reader itself is stopped and its cancellation absorbed"
+
+    stubborn_started = asyncio.Event()
+
+    async def stubborn() -> None:
+        stubborn_started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)
+            raise
+
+    other = asyncio.create_task(stubborn())
+    await stubborn_started.wait()
+    closer = asyncio.create_task(_cancel_and_wait(other))
+    await asyncio.sleep(0)
+    closer.cancel()
+    try:
+        await closer
+    except asyncio.CancelledError:
+        pass
+    else:
+        raise AssertionError("the caller's cancellation was swallowed")
+    assert closer.cancelled()

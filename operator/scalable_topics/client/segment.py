@@ -594,10 +594,10 @@ class SegmentProducer:
                 with contextlib.suppress(SegmentError):
                     await self.flush()
             await self._ws.close()
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-            await self._session.close()
+            try:
+                await _cancel_and_wait(self._reader)
+            finally:
+                await self._session.close()
 
     async def __aenter__(self) -> SegmentProducer:
         return self
@@ -824,16 +824,28 @@ class SegmentConsumer:
         await asyncio.sleep(0)
         with contextlib.suppress(Exception):
             await self._ws.close()
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
-        await self._session.close()
+        try:
+            await _cancel_and_wait(self._reader)
+        finally:
+            await self._session.close()
 
     async def __aenter__(self) -> SegmentConsumer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def _cancel_and_wait(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it has ended. Only the task's own cancellation is
+    absorbed: if the caller is being cancelled meanwhile, that still propagates."""
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
 
 
 def _ignore_result(task: asyncio.Task[Any]) -> None:
