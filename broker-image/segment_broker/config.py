@@ -24,6 +24,7 @@ class BrokerConfig:
     cursor_flush_ms: int = 100
     max_inflight_bytes: int = 8 * 1024 * 1024
     max_frame_bytes: int = 32 * 1024 * 1024
+    fence_wait_s: float = 5.0
     admin_token_file: str | None = None
     load_history_dir: str | None = None
     load_interval_s: float = 10.0
@@ -45,6 +46,8 @@ class BrokerConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.fence_wait_s < 0:
+            raise ValueError("fence_wait_s must not be negative")
         if self.load_reporter not in ("none", "kubernetes"):
             raise ValueError("load_reporter must be 'none' or 'kubernetes'")
         if not 0 <= self.port <= 65535:
@@ -64,6 +67,9 @@ _HELP = {
     "cursor_flush_ms": "how often changed cursors are persisted",
     "max_inflight_bytes": "per producer connection: unacknowledged bytes before reading pauses",
     "max_frame_bytes": "largest WebSocket frame accepted",
+    "fence_wait_s": "how long a produce handshake on a fenced segment (a split/merge child "
+    "whose parents are being sealed) waits for its activation before it is refused with "
+    "SegmentNotWritable",
     "admin_token_file": "file with the bearer token required on /admin routes",
     "load_history_dir": "where the load history (JSON lines) is written; none when unset",
     "load_interval_s": "load sampling interval",
@@ -96,6 +102,7 @@ def parse_config(
             "max_inflight_bytes": int,
             "max_frame_bytes": int,
             "load_interval_s": float,
+            "fence_wait_s": float,
         }.get(f.name, str)
         kwargs: dict[str, object] = {"type": kind, "default": None, "help": _HELP[f.name]}
         if f.name == "fsync":
@@ -124,7 +131,7 @@ def parse_config(
 def _coerce(name: str, raw: str) -> object:
     if name == "uvloop":
         return raw.strip().lower() in ("1", "true", "yes", "on")
-    if name == "load_interval_s":
+    if name in ("load_interval_s", "fence_wait_s"):
         return float(raw)
     if name in (
         "port",

@@ -131,5 +131,13 @@ class BrokerMetrics:
             registry=self.registry,
         )
 
+        self.fenced_handshakes = Counter(
+            "segment_broker_fenced_handshakes_total",
+            "Produce handshakes that found their segment fenced (a split/merge child before "
+            "its activation), by outcome: opened (activated while held) or refused",
+            ["outcome"],
+            registry=self.registry,
+        )
+
     def watch_segments(self, segments: Callable[[], Iterable[HostedSegment]]) -> None:
         self.registry.register(_SegmentCollector(segments))

@@ -26,7 +26,13 @@ from .dispatch import Consumer, Dispatcher, DispatchError
 from .load import LoadTracker
 from .metrics import BrokerMetrics
 from .storage.cursor import SubscriptionType
-from .storage.segment import Retention, SegmentGoneError, SegmentSealedError, StorageSettings
+from .storage.segment import (
+    Retention,
+    SegmentGoneError,
+    SegmentNotWritableError,
+    SegmentSealedError,
+    StorageSettings,
+)
 from .store import ConflictError, HostedSegment, NotFoundError, SegmentStore
 
 log = logging.getLogger(__name__)
@@ -66,6 +72,15 @@ class _Closing(Exception):
 
 def _protocol(kind: str, message: str) -> _Closing:
     return _Closing(kind, wire.ERR_PROTOCOL, message, wire.CLOSE_PROTOCOL_ERROR)
+
+
+def _not_writable() -> _Closing:
+    return _Closing(
+        "not_writable",
+        wire.ERR_SEGMENT_NOT_WRITABLE,
+        "segment not writable yet (its parents are being sealed); retry",
+        wire.CLOSE_SEGMENT_NOT_WRITABLE,
+    )
 
 
 class TokenAuth:
@@ -154,6 +169,7 @@ class Broker:
         r.add_get(seg, self.segment_stats)
         r.add_delete(seg, self.delete_segment)
         r.add_post(seg + "/terminate", self.terminate_segment)
+        r.add_post(seg + "/activate", self.activate_segment)
         r.add_put(seg + "/subscriptions/{subscription}", self.create_subscription)
         r.add_delete(seg + "/subscriptions/{subscription}", self.delete_subscription)
         r.add_get("/ws/v1/produce/{namespace}/{topic}/{segment_id}", self.produce)
@@ -240,6 +256,9 @@ class Broker:
                 raise ValueError("range must be an object {start, end}")
             start, end = _int(rng, "start"), _int(rng, "end")
             buckets = _int(body, "buckets", 1)
+            writable = body.get("writable", True)
+            if not isinstance(writable, bool):
+                raise ValueError("writable must be a boolean")
             subs: dict[str, SubscriptionType] = {}
             for item in body.get("subscriptions", []):
                 if not isinstance(item, dict):
@@ -256,6 +275,7 @@ class Broker:
                 buckets,
                 subs,
                 Retention.from_json(body.get("retention")),
+                writable=writable,
             )
             return web.json_response(self._stats(hosted), status=201 if created else 200)
 
@@ -288,6 +308,18 @@ class Broker:
             successors = [_successor(s) for s in body.get("successors", [])]
             seal = await hosted.segment.terminate(successors)
             return web.json_response({"sealed": True, **seal.to_json()})
+
+        return await self._admin(request, action)
+
+    async def activate_segment(self, request: web.Request) -> web.Response:
+        async def action() -> web.Response:
+            info = request.match_info
+            try:
+                sid = int(info["segment_id"])
+            except ValueError:
+                raise NotFoundError("segment id is not an integer") from None
+            hosted = await self.store.activate(info["namespace"], info["topic"], sid)
+            return web.json_response(self._summary(hosted))
 
         return await self._admin(request, action)
 
@@ -330,6 +362,7 @@ class Broker:
             "range": {"start": meta.range_start, "end": meta.range_end},
             "buckets": meta.buckets,
             "sealed": seg.sealed,
+            "writable": seg.writable,
             "lastPosition": seg.visible_position,
         }
 
@@ -500,6 +533,7 @@ class _Connection:
         writer: asyncio.Task[None] | None = None
         try:
             body = await self._hello()
+            await self._admit()
             self._start(body)
             assert self.hosted is not None
             self.hosted.connections.add(self)
@@ -581,6 +615,9 @@ class _Connection:
             else:
                 raise _protocol("text_frame", "only binary frames are allowed")
 
+    async def _admit(self) -> None:
+        """Wait, if need be, until the segment may serve this connection."""
+
     def _start(self, hello: dict[str, Any]) -> None:
         raise NotImplementedError
 
@@ -615,6 +652,22 @@ class ProducerConnection(_Connection):
         self.refused = False
         self._waiting_for_seal = False
         self.producer_name = ""
+
+    async def _admit(self) -> None:
+        """A fenced segment (a child whose parents are being sealed) holds the handshake until
+        it is activated: producers redirected by the parents' seal arrive moments before the
+        controller opens the children, and waiting here saves them a reconnect."""
+        assert self.hosted is not None
+        seg = self.hosted.segment
+        if seg.writable or seg.sealed:
+            return
+        try:
+            async with asyncio.timeout(self.broker.config.fence_wait_s):
+                await seg.writable_event.wait()
+        except TimeoutError:
+            self.metrics.fenced_handshakes.labels("refused").inc()
+            raise _not_writable() from None
+        self.metrics.fenced_handshakes.labels("opened").inc()
 
     def _start(self, hello: dict[str, Any]) -> None:
         assert self.hosted is not None
@@ -700,6 +753,8 @@ class ProducerConnection(_Connection):
                 self.refused = True
                 self.out_event.set()
                 return
+            except SegmentNotWritableError:
+                raise _not_writable() from None
             except SegmentGoneError:
                 raise _Closing(
                     "segment_gone",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
@@ -213,10 +214,15 @@ class SegmentStore:
         buckets: int,
         subscriptions: dict[str, SubscriptionType],
         retention: Retention,
+        *,
+        writable: bool = True,
     ) -> tuple[HostedSegment, bool]:
         """Create a segment with its cursors at position 0. Idempotent: the same request on an
         existing segment returns it (adding missing subscriptions); a different range or bucket
-        count is a conflict. Returns ``(segment, created)``."""
+        count is a conflict. Returns ``(segment, created)``.
+
+        ``writable=False`` creates it fenced: produce is refused until :meth:`activate`. An
+        existing segment's fence is never changed by a create (only activation lifts it)."""
         validate_name("namespace", namespace)
         validate_name("topic", topic)
         if not isinstance(segment_id, int) or isinstance(segment_id, bool) or segment_id < 0:
@@ -255,12 +261,22 @@ class SegmentStore:
             directory = self._segment_dir(meta)
             await asyncio.get_running_loop().run_in_executor(
                 self.executor,
-                Segment.create_blocking,
-                directory,
-                meta,
-                {n: t.value for n, t in subscriptions.items()},
+                functools.partial(
+                    Segment.create_blocking,
+                    directory,
+                    meta,
+                    {n: t.value for n, t in subscriptions.items()},
+                    writable=writable,
+                ),
             )
             return await self._host(directory, meta), True
+
+    async def activate(self, namespace: str, topic: str, segment_id: int) -> HostedSegment:
+        """Lift a segment's fence (idempotent)."""
+        async with self._lock((namespace, topic, segment_id)):
+            hosted = self.get(namespace, topic, segment_id)
+            await hosted.segment.activate()
+            return hosted
 
     async def create_subscription(
         self, hosted: HostedSegment, name: str, sub_type: SubscriptionType, *, at_end: bool

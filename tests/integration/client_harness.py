@@ -171,7 +171,7 @@ class TopicEnv:
                 strategies={n: "sticky" for n, t in self.subscriptions.items() if t != "Queue"},
             )
 
-    async def _create_segment(self, segment_id: int, slot: int) -> None:
+    async def _create_segment(self, segment_id: int, slot: int, *, writable: bool = True) -> None:
         url = self.broker_urls[slot % len(self.broker_urls)]
         info = self.layout.segments[segment_id]
         await self.admins[url].create_segment(
@@ -182,6 +182,7 @@ class TopicEnv:
             info.hash_range.end,
             buckets=self.buckets[segment_id],
             subscriptions=self.subscriptions,
+            writable=writable,
         )
         self.placement[segment_id] = url
 
@@ -205,13 +206,14 @@ class TopicEnv:
 
         ``early_push`` publishes the new DAG that many seconds *before* terminating the parents:
         the race where a producer hears of the split from the DAG watch before its parent's
-        ``SEALED`` frame arrives."""
+        ``SEALED`` frame arrives. As the operator does, the children are created fenced and
+        opened only once every parent is sealed."""
         children = sorted(set(new.segments) - set(self.layout.segments))
         self.buckets = layout_buckets(new, self.buckets)
         self.layout = new
         for child in children:
             slot = self.broker_urls.index(self.placement[parents[0]]) + 1 + children.index(child)
-            await self._create_segment(child, slot)
+            await self._create_segment(child, slot, writable=False)
         successors = [
             Successor(
                 c,
@@ -228,6 +230,8 @@ class TopicEnv:
             await self.admins[self.placement[parent]].terminate(
                 self.namespace, self.topic, parent, successors
             )
+        for child in children:
+            await self.admins[self.placement[child]].activate(self.namespace, self.topic, child)
         self.publish()
         for replica in self.operators:
             replica.hub.layout_changed(self.namespace, self.topic, new)

@@ -7,6 +7,8 @@ Directory layout (``<data-dir>/<namespace>/<topic>/<descriptor>/``)::
     dedup-<base>.json     producer dedup table for positions below <base>, written at each roll
     cursors/<sub>.json    one cursor per subscription
     sealed.json           the termination marker (lastPosition, successors)
+    fenced.json           present while the segment does not accept writes yet (a split or
+                          merge child between its creation and its parents' seal)
 
 Group commit: :meth:`Segment.append` stages an entry in memory; once per event-loop pass the
 staged entries go to the log's writer thread as one chunk, and a syncer thread runs
@@ -52,6 +54,7 @@ _DEDUP_NAME = re.compile(r"^dedup-(\d{20})\.json$")
 _MSG_COUNT = struct.Struct("<I")
 _OFF_MSG_COUNT = 18
 _RECENT_PER_PRODUCER = 4096
+FENCE_FILE = "fenced.json"
 
 
 class SegmentSealedError(Exception):
@@ -61,6 +64,11 @@ class SegmentSealedError(Exception):
     def __init__(self, seal: SealInfo | None) -> None:
         super().__init__("segment is sealed")
         self.seal = seal
+
+
+class SegmentNotWritableError(Exception):
+    """Appending to a fenced segment: it was created not writable (a split or merge child whose
+    parents are not sealed yet) and has not been activated."""
 
 
 class SegmentGoneError(Exception):
@@ -224,6 +232,9 @@ class Segment:
         self.failed = False
         """A log write failed: nothing more is accepted or acknowledged; connections close."""
         self.sealed_event = asyncio.Event()
+        self.writable_event = asyncio.Event()
+        """Set once the segment accepts writes (created writable, or activated)."""
+        self.writable_event.set()
         self._terminating: asyncio.Future[SealInfo] | None = None
         self.closed = False
         self.producers: dict[str, ProducerState] = {}
@@ -262,9 +273,16 @@ class Segment:
     # --- lifecycle -----------------------------------------------------------------------------
 
     @classmethod
-    def create_blocking(cls, directory: Path, meta: SegmentMeta, subs: dict[str, str]) -> None:
-        """Create the directory, identity file and initial cursors (position 0) durably."""
+    def create_blocking(
+        cls, directory: Path, meta: SegmentMeta, subs: dict[str, str], *, writable: bool = True
+    ) -> None:
+        """Create the directory, fence marker, initial cursors (position 0) and, last, the
+        identity file durably: a segment found on recovery has everything written before it."""
         (directory / "cursors").mkdir(parents=True, exist_ok=True)
+        if writable:
+            (directory / FENCE_FILE).unlink(missing_ok=True)
+        else:
+            atomic_write_json(directory / FENCE_FILE, {"fencedAt": time.time()})
         for name, sub_type in subs.items():
             cur = Cursor(name=name, type=SubscriptionType.parse(sub_type))
             atomic_write_json(directory / "cursors" / f"{name}.json", cur.to_json())
@@ -277,6 +295,8 @@ class Segment:
         self.recovery = report
         if self.seal is not None:
             self.sealed_event.set()
+        if (self.directory / FENCE_FILE).exists():
+            self.writable_event.clear()
         self.visible_position = self.log.durable_position
         self._cache_base = self.log.next_position
         self._loop = loop
@@ -398,6 +418,8 @@ class Segment:
             return st.lookup(seq), True
         if self.seal is not None or self.sealing:
             raise SegmentSealedError(self.seal)
+        if not self.writable_event.is_set():
+            raise SegmentNotWritableError(self.name)
         pos = self.log.stage(entry)
         if st is None:
             self.producers[header.producer_name] = st = ProducerState()
@@ -577,6 +599,23 @@ class Segment:
     @property
     def sealed(self) -> bool:
         return self.seal is not None
+
+    @property
+    def writable(self) -> bool:
+        """Not fenced (a sealed segment stays "writable" in this sense; appends still fail)."""
+        return self.writable_event.is_set()
+
+    async def activate(self) -> None:
+        """Lift the fence (idempotent): remove the marker durably, then accept writes."""
+        if self.writable_event.is_set():
+            return
+
+        def unfence() -> None:
+            (self.directory / FENCE_FILE).unlink(missing_ok=True)
+            fsync_dir(self.directory)
+
+        await asyncio.get_running_loop().run_in_executor(self.executor, unfence)
+        self.writable_event.set()
 
     # --- reading -------------------------------------------------------------------------------
 

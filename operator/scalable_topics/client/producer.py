@@ -44,6 +44,7 @@ from .segment import (
     ProtocolError,
     SegmentError,
     SegmentNotFoundError,
+    SegmentNotWritableError,
     SegmentProducer,
     SegmentSealedError,
     UnackedEntry,
@@ -345,6 +346,12 @@ class ScalableTopicProducer:
             except SegmentNotFoundError:
                 log.debug("segment %d not on %s yet; waiting for the DAG", link.segment_id, url)
                 await self._wait_dag(backoff.delay())
+                continue
+            except SegmentNotWritableError:
+                # A child whose parents' seal redirected us before the controller opened it;
+                # the broker already held the handshake for a while.
+                log.info("segment %d not writable yet; retrying", link.segment_id)
+                await backoff.sleep()
                 continue
             except (aiohttp.ClientError, OSError, ConnectionClosedError, TimeoutError) as exc:
                 log.debug("segment %d: connect to %s failed: %s", link.segment_id, url, exc)

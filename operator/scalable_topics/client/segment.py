@@ -43,6 +43,7 @@ __all__ = [
     "SegmentConsumer",
     "SegmentError",
     "SegmentNotFoundError",
+    "SegmentNotWritableError",
     "SegmentProducer",
     "SegmentSealedError",
     "Successor",
@@ -120,6 +121,11 @@ class SegmentNotFoundError(SegmentError):
     pass
 
 
+class SegmentNotWritableError(SegmentError):
+    """The segment is fenced: a split or merge child whose parents are still being sealed.
+    Retry shortly; the controller activates it right after the seal."""
+
+
 class ProtocolError(SegmentError):
     pass
 
@@ -143,6 +149,8 @@ def _error_from(body: Mapping[str, Any], close_code: int | None) -> SegmentError
         return SegmentNotFoundError(code, message)
     if code == wire.ERR_PROTOCOL or close_code == wire.CLOSE_PROTOCOL_ERROR:
         return ProtocolError(code, message)
+    if code == wire.ERR_SEGMENT_NOT_WRITABLE or close_code == wire.CLOSE_SEGMENT_NOT_WRITABLE:
+        return SegmentNotWritableError(code, message)
     return ConnectionClosedError(code, message)
 
 
@@ -908,12 +916,15 @@ class SegmentAdmin:
         buckets: int = 1,
         subscriptions: Mapping[str, str] | None = None,
         retention: Mapping[str, int | None] | None = None,
+        writable: bool = True,
     ) -> dict[str, Any]:
-        """Create (idempotently) a segment with cursors at position 0; returns its stats."""
+        """Create (idempotently) a segment with cursors at position 0; returns its stats.
+        ``writable=False`` creates it fenced until :meth:`activate`."""
         body: dict[str, Any] = {
             "range": {"start": start, "end": end},
             "buckets": buckets,
             "subscriptions": [{"name": n, "type": t} for n, t in (subscriptions or {}).items()],
+            "writable": writable,
         }
         if retention is not None:
             body["retention"] = dict(retention)
@@ -929,6 +940,11 @@ class SegmentAdmin:
             self._path(namespace, topic, segment_id) + "/terminate",
             {"successors": [s.to_json() for s in successors]},
         )
+        return data
+
+    async def activate(self, namespace: str, topic: str, segment_id: int) -> dict[str, Any]:
+        """Lift a fenced segment's fence (idempotent); returns its summary."""
+        _, data = await self._call("POST", self._path(namespace, topic, segment_id) + "/activate")
         return data
 
     async def delete_segment(self, namespace: str, topic: str, segment_id: int) -> bool:

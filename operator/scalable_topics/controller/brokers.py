@@ -117,12 +117,17 @@ class BrokerAdmin:
         subscriptions: Sequence[tuple[str, str]],
         buckets: int,
         retention: Mapping[str, Any] | None = None,
+        writable: bool = True,
     ) -> dict[str, Any]:
-        """Create (or find) the segment with a cursor at the start for each subscription."""
+        """Create (or find) the segment with a cursor at the start for each subscription.
+
+        ``writable=False`` creates it fenced (produce refused until :meth:`activate`); the
+        fence of an existing segment is left as it is."""
         body: dict[str, Any] = {
             "range": hash_range.to_dict(),
             "buckets": buckets,
             "subscriptions": [{"name": n, "type": t} for n, t in subscriptions],
+            "writable": writable,
         }
         if retention:
             body["retention"] = dict(retention)
@@ -143,6 +148,10 @@ class BrokerAdmin:
             self._path(namespace, topic, segment_id) + "/terminate",
             {"successors": [s.to_json() for s in successors]},
         )
+
+    async def activate(self, url: str, namespace: str, topic: str, segment_id: int) -> None:
+        """Open a fenced segment for produce (idempotent)."""
+        await self._call("POST", url, self._path(namespace, topic, segment_id) + "/activate")
 
     async def delete_segment(self, url: str, namespace: str, topic: str, segment_id: int) -> None:
         await self._call("DELETE", url, self._path(namespace, topic, segment_id), missing_ok=True)

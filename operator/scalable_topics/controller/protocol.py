@@ -3,9 +3,12 @@
 1. record the intent in ``status.operation`` (CAS);
 2. discover the subscriptions (spec + the parents' brokers);
 3. create the children: Segment resources, placement, then the segments on their brokers with a
-   cursor at the start for every subscription — phase ``ChildrenCreated``;
+   cursor at the start for every subscription, *fenced* (they refuse produce) — phase
+   ``ChildrenCreated``;
 4. terminate the parents on their brokers with the successors' ranges and URLs (producers are
-   redirected without a lookup) — phase ``ParentsSealed``;
+   redirected without a lookup) — phase ``ParentsSealed`` — and only then activate the children
+   (a producer redirected meanwhile is held by the child's broker until it opens), so no
+   moment exists at which a parent and one of its children both accept writes;
 5. CAS the new layout into ``status.layout`` and clear the intent in the same write;
 6. mark the Segments, tell the consumer hub, emit an event, count it.
 
@@ -224,6 +227,7 @@ class OperationExecutor:
             operation = operation.advanced(Phase.PARENTS_SEALED)
             topic = await self._record_phase(topic, operation)
             self._crash_point("parents-sealed")
+        await self._activate_children(topic, operation)
         topic = await self._commit(topic, operation)
         self._crash_point("layout-committed")
         metrics.OPERATION_SECONDS.labels(operation.kind.value).observe(self.clock() - started)
@@ -284,6 +288,7 @@ class OperationExecutor:
         subscriptions: list[tuple[str, str]],
         *,
         state: str = "Pending",
+        writable: bool = True,
     ) -> str:
         """Segment resource + placement + segment on its broker; returns the broker URL.
 
@@ -292,7 +297,10 @@ class OperationExecutor:
         leave it on a broker nobody knows about. Once the broker has it, one status patch
         records the broker, the subscriptions and ``state`` (a ``Pending`` segment becomes
         ``state``; a later state is kept): a segment is never Active before its broker has
-        it."""
+        it.
+
+        ``writable=False`` creates it fenced (a child before its parents are sealed); with the
+        default a fenced segment found on the broker is activated — the layout has it active."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         existing = self.cache.segments.get((ns, name), {}).get(segment_id)
         pod, url = self._place(topic, segment_id, existing)
@@ -304,7 +312,7 @@ class OperationExecutor:
             pod, url = self._place(topic, segment_id, created)
         self.cache.put_segment(created)
         retention = broker_retention(topic)
-        await self.brokers.create_segment(
+        on_broker = await self.brokers.create_segment(
             url,
             ns,
             name,
@@ -313,7 +321,10 @@ class OperationExecutor:
             subscriptions=subscriptions,
             buckets=buckets,
             retention=retention,
+            writable=writable,
         )
+        if writable and on_broker.get("writable") is False:
+            await self.brokers.activate(url, ns, name, segment_id)
         status = created.get("status") or {}
         current = status.get("state")
         wanted: dict[str, Any] = {
@@ -340,6 +351,7 @@ class OperationExecutor:
                 list(child.parent_ids),
                 child.buckets,
                 subscriptions,
+                writable=False,
             )
 
     async def _seal_parents(self, topic: Body, operation: Operation) -> None:
@@ -355,6 +367,16 @@ class OperationExecutor:
             if not url:
                 raise BrokerError("?", f"segment {parent} has no broker recorded")
             await self.brokers.terminate(url, ns, name, parent, successors)
+
+    async def _activate_children(self, topic: Body, operation: Operation) -> None:
+        """Open the children for produce: every parent is sealed by now (idempotent)."""
+        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        urls = self.cache.segment_brokers(ns, name)
+        for child in operation.children:
+            url = urls.get(child.segment_id)
+            if not url:
+                raise BrokerError("?", f"segment {child.segment_id} has no broker recorded")
+            await self.brokers.activate(url, ns, name, child.segment_id)
 
     async def _record_phase(self, topic: Body, operation: Operation) -> Body:
         meta = topic["metadata"]

@@ -1,0 +1,111 @@
+"""Fenced segments against real brokers: a produce handshake on a child is held until the
+controller activates it (or refused with a retriable SegmentNotWritable), the fence and the
+activation survive SIGKILL, and bad create bodies are rejected."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from scalable_topics.client.segment import (
+    AdminError,
+    SegmentAdmin,
+    SegmentNotWritableError,
+    SegmentProducer,
+)
+from segment_broker.testing import BrokerProcess, running_broker
+
+pytestmark = pytest.mark.integration
+
+NS, TOPIC = "team-a", "orders"
+
+
+async def _metric(url: str, line_prefix: str) -> float:
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
+        text = await resp.text()
+    for line in text.splitlines():
+        if line.startswith(line_prefix):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def _until(check: Callable[[], Awaitable[bool]], within: float = 15.0) -> None:
+    async with asyncio.timeout(within):
+        while not await check():  # noqa: ASYNC110 - a condition observed over HTTP
+            await asyncio.sleep(0.02)
+
+
+async def test_handshake_is_held_until_activation_and_fence_survives_sigkill(
+    tmp_path: Path,
+) -> None:
+    broker = BrokerProcess(tmp_path / "data", args=["--fence-wait-s", "60"])
+    broker.start()
+    try:
+        await broker.wait_ready()
+        async with SegmentAdmin(broker.url) as admin:
+            created = await admin.create_segment(NS, TOPIC, 1, 0, 0x7FFF, writable=False)
+            assert created["writable"] is False
+            again = await admin.create_segment(NS, TOPIC, 1, 0, 0x7FFF)
+            assert again["writable"] is False, "a create never lifts an existing fence"
+
+        broker.kill()
+        broker.start()
+        await broker.wait_ready()
+        async with SegmentAdmin(broker.url) as admin:
+            assert (await admin.stats(NS, TOPIC, 1))["writable"] is False
+
+            connect = asyncio.create_task(SegmentProducer.connect(broker.url, NS, TOPIC, 1, "p"))
+
+            async def handshake_held() -> bool:
+                accepted = 'segment_broker_connections_total{role="producer"}'
+                return await _metric(broker.url, accepted) >= 1 and not connect.done()
+
+            await _until(handshake_held)
+            assert not connect.done()
+            summary = await admin.activate(NS, TOPIC, 1)
+            assert summary["writable"] is True
+            async with asyncio.timeout(15):
+                producer = await connect
+            ack = await (await producer.send(b"first", key=b"k"))
+            assert ack.position == 0
+            await producer.close()
+            opened = 'segment_broker_fenced_handshakes_total{outcome="opened"}'
+            assert await _metric(broker.url, opened) == 1
+
+        broker.kill()
+        broker.start()
+        await broker.wait_ready()
+        async with SegmentAdmin(broker.url) as admin:
+            stats = await admin.stats(NS, TOPIC, 1)
+            assert stats["writable"] is True, "activation is durable"
+            assert stats["lastPosition"] == 0
+    finally:
+        broker.kill()
+
+
+async def test_handshake_refused_when_not_activated_in_time(tmp_path: Path) -> None:
+    async with (
+        running_broker(tmp_path / "data", fence_wait_s=0.2) as rb,
+        SegmentAdmin(rb.url) as admin,
+    ):
+        await admin.create_segment(NS, TOPIC, 2, 0, 0xFFFF, writable=False)
+        with pytest.raises(SegmentNotWritableError):
+            await SegmentProducer.connect(rb.url, NS, TOPIC, 2, "p")
+        refused = 'segment_broker_fenced_handshakes_total{outcome="refused"}'
+        assert await _metric(rb.url, refused) == 1
+        assert (await admin.stats(NS, TOPIC, 2))["counters"]["entriesIn"] == 0
+
+        with pytest.raises(AdminError) as bad:
+            await admin._call(
+                "PUT",
+                f"/{NS}/{TOPIC}/3",
+                {"range": {"start": 0, "end": 1}, "writable": "no"},
+            )
+        assert bad.value.code == "BadRequest"
+        assert "writable" in bad.value.message
+        with pytest.raises(AdminError) as missing:
+            await admin.activate(NS, TOPIC, 9)
+        assert missing.value.code in ("NotFound", "SegmentNotFound")
