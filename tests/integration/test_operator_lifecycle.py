@@ -101,8 +101,14 @@ async def test_example_topic_becomes_ready(stack: Stack) -> None:
         stats = await stack.segment_stats(on_brokers[sid], "orders", sid)
         assert stats is not None
         assert set(stats["subscriptions"]) == {"billing", "audit"}
-    # spread over two brokers (least-loaded placement)
+    # spread over two brokers (least-loaded placement), one Placed event per segment
     assert len(set(on_brokers.values())) == 2
+    placed = sorted(e["message"] for e in await stack.events("orders") if e["reason"] == "Placed")
+    assert placed == [
+        f"segment #{sid} {current.segments[sid].hash_range.hex()} on "
+        f"{segments[sid]['status']['broker']['pod']}"
+        for sid in sorted(current.segments)
+    ], placed
     stats = await stack.segment_stats(on_brokers[0], "orders", 0)
     assert stats is not None
     wide = await stack.kubectl("get", "stopic", "orders", "-o", "wide")

@@ -303,6 +303,7 @@ class OperationExecutor:
         default a fenced segment found on the broker is activated — the layout has it active."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         existing = self.cache.segments.get((ns, name), {}).get(segment_id)
+        newly_placed = existing is None or recorded_broker(existing) is None
         pod, url = self._place(topic, segment_id, existing)
         body = segment_body(topic, segment_id, hash_range, parents, buckets)
         body["metadata"]["annotations"] = {ANNOTATION_BROKER: pod}
@@ -310,7 +311,12 @@ class OperationExecutor:
         if recorded_broker(created) not in (None, pod):
             # The cache did not have it yet: the placement on record wins.
             pod, url = self._place(topic, segment_id, created)
+            newly_placed = False
         self.cache.put_segment(created)
+        if newly_placed:
+            await self.events(
+                topic, "Normal", "Placed", f"segment #{segment_id} {hash_range.hex()} on {pod}"
+            )
         retention = broker_retention(topic)
         on_broker = await self.brokers.create_segment(
             url,
