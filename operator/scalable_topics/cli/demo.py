@@ -37,6 +37,7 @@ NAMESPACE = "default"
 TOPIC = "orders"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=scalable-topics-operator"
 OPERATOR_NAMESPACE = "scalable-topics"
+CLIENT_STOP_TIMEOUT = 20.0
 
 
 def repo_root() -> Path:
@@ -90,8 +91,13 @@ class Demo:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"timed out after {within:.0f}s waiting for {what}")
-            await asyncio.sleep(0.5)
+            await self.pause(0.5)
         raise asyncio.CancelledError
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep, cut short by Ctrl-C."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), seconds)
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -136,7 +142,7 @@ class Demo:
                         f"{self.acked}, consumed {self.consumed}"
                     )
                     print(await dag_text(api, NAMESPACE, TOPIC), flush=True)
-            await asyncio.sleep(1.0)
+            await self.pause(1.0)
 
     async def produce(self, service_url: str) -> None:
         from ..client import ScalableTopicProducer
@@ -233,17 +239,21 @@ class Demo:
             self.say("phase 1: ramping the producer up until the topic splits on load")
             deadline = time.monotonic() + self.phase_timeout
             while await self.epoch(api) == start:
-                if self.stop.is_set() or time.monotonic() > deadline:
+                if self.stop.is_set():
+                    return 0
+                if time.monotonic() > deadline:
                     raise RuntimeError("no load-driven split within the phase timeout")
                 self.rate = min(self.rate + 100.0, 1500.0)
                 self.say(f"  producing {self.rate:.0f} msg/s")
-                await asyncio.sleep(5)
+                await self.pause(5)
 
             self.say("phase 2: adding stream consumers until a consumer-count split")
             start = await self.epoch(api)
             deadline = time.monotonic() + self.phase_timeout
             while await self.epoch(api) == start:
-                if self.stop.is_set() or time.monotonic() > deadline:
+                if self.stop.is_set():
+                    return 0
+                if time.monotonic() > deadline:
                     raise RuntimeError("no consumer-count split within the phase timeout")
                 event = asyncio.Event()
                 name = f"billing-{len(consumers) + 1}"
@@ -251,7 +261,7 @@ class Demo:
                     (asyncio.create_task(self.consume(service_url, name, event)), event)
                 )
                 self.say(f"  stream consumer {name} joined ({len(consumers)} now)")
-                await asyncio.sleep(8)
+                await self.pause(8)
 
             self.say("phase 3: load off and consumers gone until cold neighbours merge")
             self.rate = 0.0
@@ -270,11 +280,15 @@ class Demo:
             await self.stop.wait()
             return 0
         finally:
-            for task in (watcher, producer, *(t for t, _ in consumers)):
+            # Clients stop on their own (closing their sessions); cancelling is the fallback.
+            self.stop.set()
+            for _, event in consumers:
+                event.set()
+            tasks = [watcher, producer, *(t for t, _ in consumers)]
+            _, late = await asyncio.wait(tasks, timeout=CLIENT_STOP_TIMEOUT)
+            for task in late:
                 task.cancel()
-            await asyncio.gather(
-                watcher, producer, *(t for t, _ in consumers), return_exceptions=True
-            )
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _truthy(value: Awaitable[str]) -> bool:
@@ -295,6 +309,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         task = asyncio.create_task(demo.run())
         stopper = asyncio.create_task(demo.stop.wait())
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            # Ctrl-C: the demo winds its clients down itself; cancel only if that hangs.
+            await asyncio.wait({task}, timeout=CLIENT_STOP_TIMEOUT + 10)
+        stopper.cancel()
         if not task.done():
             task.cancel()
         try:
