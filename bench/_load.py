@@ -45,6 +45,30 @@ class Consumer(Protocol):
     async def close(self) -> None: ...
 
 
+async def consume_batches(
+    max_messages: int, duration: float, take: Callable[[int], Awaitable[int | None]]
+) -> tuple[int, float]:
+    """The receive loop of every `Consumer.consume`, so that all systems are timed alike.
+
+    `take(remaining)` receives and acknowledges one batch and returns its message count (0:
+    nothing this time, ask again; None: the source is exhausted). The loop stops at
+    `max_messages`, at `duration` or on None, and returns (messages, seconds from the start to
+    the last batch received).
+    """
+    t0 = time.monotonic()
+    deadline = t0 + duration
+    n = 0
+    last = t0
+    while n < max_messages and time.monotonic() < deadline:
+        got = await take(max_messages - n)
+        if got is None:
+            break
+        if got:
+            n += got
+            last = time.monotonic()
+    return n, last - t0
+
+
 class Adapter(Protocol):
     async def reset(self) -> None:
         """Make the stream/segment under test exist and be empty."""

@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from segment_broker.tools.launch import broker_command
+
+from bench._load import consume_batches
 from bench._procs import Server, free_port, start_server
 
 DURABILITY = "ack after fdatasync (`--fsync always`, group commit)"
@@ -45,19 +47,7 @@ def _version() -> str:
 def start_ours(workdir: Path) -> tuple[Server, dict[str, Any], str]:
     port = free_port()
     data = workdir / "data"
-    argv = [
-        sys.executable,
-        "-m",
-        "segment_broker",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--data-dir",
-        str(data),
-        "--fsync",
-        "always",
-    ]
+    argv = broker_command(port, data, "--fsync", "always")
 
     def ready() -> bool:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
@@ -120,27 +110,22 @@ class OursConsumer:
 
     async def consume(self, max_messages: int, duration: float) -> tuple[int, float]:
         c = self.consumer
-        t0 = time.monotonic()
-        deadline = t0 + duration
-        n = 0
-        last = t0
-        while n < max_messages and time.monotonic() < deadline:
+
+        async def take(_remaining: int) -> int | None:
             try:
                 await asyncio.wait_for(c.wait_ready(), timeout=1.0)
             except TimeoutError:
-                break
+                return None
             if c.failure is not None:
                 raise c.failure
             entries = c.receive_nowait(self.batch)
             if not entries:
-                if c.end_of_segment:
-                    break
-                continue
-            for e in entries:
-                n += len(e.messages())
+                return None if c.end_of_segment else 0
+            n = sum(len(e.messages()) for e in entries)
             c.ack_cumulative(entries[-1].position)
-            last = time.monotonic()
-        return n, last - t0
+            return n
+
+        return await consume_batches(max_messages, duration, take)
 
     async def close(self) -> None:
         await self.consumer.close()

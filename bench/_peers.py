@@ -10,10 +10,10 @@ import asyncio
 import contextlib
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
+from bench._load import consume_batches
 from bench._procs import Server, ensure_debian_package, free_port, start_server, tcp_open
 
 NATS_DURABILITY = (
@@ -118,21 +118,17 @@ class NatsConsumer:
     async def consume(self, max_messages: int, duration: float) -> tuple[int, float]:
         import nats.errors
 
-        t0 = time.monotonic()
-        deadline = t0 + duration
-        n = 0
-        last = t0
-        while n < max_messages and time.monotonic() < deadline:
+        async def take(remaining: int) -> int | None:
             try:
-                msgs = await self.sub.fetch(min(self.batch, max_messages - n), timeout=1.0)
+                msgs = await self.sub.fetch(min(self.batch, remaining), timeout=1.0)
             except (TimeoutError, nats.errors.TimeoutError):
-                break
+                return None
             if not msgs:
-                break
+                return None
             await msgs[-1].ack()
-            n += len(msgs)
-            last = time.monotonic()
-        return n, last - t0
+            return len(msgs)
+
+        return await consume_batches(max_messages, duration, take)
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -227,22 +223,19 @@ class RedisConsumer:
 
     async def consume(self, max_messages: int, duration: float) -> tuple[int, float]:
         c, key = self.client, self.key
-        t0 = time.monotonic()
-        deadline = t0 + duration
-        n = 0
-        last = t0
-        while n < max_messages and time.monotonic() < deadline:
-            count = min(self.batch, max_messages - n)
+
+        async def take(remaining: int) -> int | None:
+            count = min(self.batch, remaining)
             resp = await c.xreadgroup(REDIS_GROUP, "c1", {key: ">"}, count=count)
             if not resp:
-                break
+                return None
             ids = [mid for mid, _ in resp[0][1]]
             if not ids:
-                break
+                return None
             await c.xack(key, REDIS_GROUP, *ids)
-            n += len(ids)
-            last = time.monotonic()
-        return n, last - t0
+            return len(ids)
+
+        return await consume_batches(max_messages, duration, take)
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
@@ -22,6 +21,7 @@ from .config import BrokerConfig
 from .load import LoadTracker
 from .metrics import BrokerMetrics
 from .server import Broker
+from .tools.launch import broker_command
 
 
 def free_port() -> int:
@@ -90,18 +90,7 @@ class BrokerProcess:
         self.log_path = data_dir.parent / f"broker-{self.port}.log"
 
     def start(self) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "segment_broker",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--data-dir",
-            str(self.data_dir),
-            *self.args,
-        ]
+        cmd = broker_command(self.port, self.data_dir, *self.args)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
         log.close()

@@ -36,6 +36,22 @@ async def _setup_crd(kubectl: Kubectl) -> None:
     )
 
 
+async def _pod_with_log(kubectl: Kubectl, cluster: LocalCluster, name: str, text: str) -> Path:
+    """A pod in ``default`` (this cluster runs no kubelet: it stays Pending) whose container
+    ``app`` has logged ``text``, written where the kubelet would keep the log."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": [{"name": "app", "image": "busybox"}]},
+    }
+    await kubectl("apply", "-f", "-", input=json.dumps(pod))
+    log_path = cluster.data_dir / "pods" / "default" / name / "app.log"
+    log_path.parent.mkdir(parents=True)
+    log_path.write_text(text)
+    return log_path
+
+
 async def test_custom_resource_get_apply_describe(kubectl: Kubectl) -> None:
     await _setup_crd(kubectl)
     strict = await kubectl("apply", "-f", "-", input=_widget(unknownField="x"), check=False)
@@ -266,19 +282,10 @@ async def test_builtin_workloads_apply_scale_and_logs(
     header = (await kubectl("get", "deploy")).stdout.splitlines()[0].split()
     assert header == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]
 
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "logger", "namespace": "default"},
-        "spec": {"containers": [{"name": "app", "image": "busybox"}]},
-    }
-    await kubectl("apply", "-f", "-", input=json.dumps(pod))
+    await _pod_with_log(kubectl, local_cluster, "logger", "line one\nline two\nline three\n")
     pods = (await kubectl("get", "pods")).stdout.splitlines()
     assert pods[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
     assert pods[1].split()[:4] == ["logger", "0/1", "Pending", "0"]
-    log_path = local_cluster.data_dir / "pods" / "default" / "logger" / "app.log"
-    log_path.parent.mkdir(parents=True)
-    log_path.write_text("line one\nline two\nline three\n")
     assert (await kubectl("logs", "logger")).stdout == "line one\nline two\nline three\n"
     assert (await kubectl("logs", "logger", "--tail=1")).stdout == "line three\n"
 
@@ -313,16 +320,7 @@ async def test_project_crds_apply(kubectl: Kubectl) -> None:
 
 
 async def test_follow_logs_and_watch_tables(local_cluster: LocalCluster, kubectl: Kubectl) -> None:
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "chatty", "namespace": "default"},
-        "spec": {"containers": [{"name": "app", "image": "busybox"}]},
-    }
-    await kubectl("apply", "-f", "-", input=json.dumps(pod))
-    log_path = local_cluster.data_dir / "pods" / "default" / "chatty" / "app.log"
-    log_path.parent.mkdir(parents=True)
-    log_path.write_text("first\n")
+    log_path = await _pod_with_log(kubectl, local_cluster, "chatty", "first\n")
     store = local_cluster.store
     assert store is not None
 

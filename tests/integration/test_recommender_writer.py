@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.resources import format_time
 from scalable_topics.localcluster.cluster import LocalCluster
-from scalable_topics.recommender.writer import TopicStore, WriteResult
+from scalable_topics.recommender.writer import TopicStore, WriteOutcome, WriteResult
 
 pytestmark = pytest.mark.integration
 
@@ -39,6 +40,14 @@ def recommendation(computed_at: float, *, epoch: int = 0, segment: int = 1) -> d
     }
 
 
+def replace_status(store: TopicStore, name: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """A status write past the recommender's writer (set-up, or the leader's own writes)."""
+    result: dict[str, Any] = store.custom.replace_namespaced_custom_object_status(
+        "scalabletopics.io", "v1alpha1", NS, "scalabletopics", name, obj
+    )
+    return result
+
+
 async def make_topic(cluster: LocalCluster, store: TopicStore, name: str) -> dict[str, Any]:
     await cluster.apply_file(REPO / "crds")
     cluster.create(
@@ -54,12 +63,34 @@ async def make_topic(cluster: LocalCluster, store: TopicStore, name: str) -> dic
         obj = store.get_topic(NS, name)
         assert obj is not None
         obj["status"] = {"layout": SegmentLayout.initial(4).to_metadata(), "epoch": 0}
-        result: dict[str, Any] = store.custom.replace_namespaced_custom_object_status(
-            "scalabletopics.io", "v1alpha1", NS, "scalabletopics", name, obj
-        )
-        return result
+        return replace_status(store, name, obj)
 
     return await asyncio.to_thread(set_layout)
+
+
+async def read_topic(store: TopicStore, name: str = "orders") -> dict[str, Any]:
+    obj = await asyncio.to_thread(store.get_topic, NS, name)
+    assert obj is not None
+    return obj
+
+
+async def write(
+    store: TopicStore,
+    at: float = NOW,
+    *,
+    name: str = "orders",
+    after_read: Callable[[dict[str, Any]], None] | None = None,
+) -> WriteOutcome:
+    """``recommendation(at)`` written at ``at`` with a 300 s refresh."""
+    return await asyncio.to_thread(
+        store.write_recommendation,
+        NS,
+        name,
+        recommendation(at),
+        now=at,
+        refresh_after=300,
+        after_read=after_read,
+    )
 
 
 @pytest.fixture
@@ -73,12 +104,9 @@ async def test_write_then_unchanged_is_not_rewritten(
     local_cluster: LocalCluster, store: TopicStore
 ) -> None:
     before = await make_topic(local_cluster, store, "orders")
-    outcome = await asyncio.to_thread(
-        store.write_recommendation, NS, "orders", recommendation(NOW), now=NOW, refresh_after=300
-    )
+    outcome = await write(store)
     assert outcome.result is WriteResult.WRITTEN and outcome.conflicts == 0
-    obj = await asyncio.to_thread(store.get_topic, NS, "orders")
-    assert obj is not None
+    obj = await read_topic(store)
     rec = obj["status"]["recommendation"]
     assert rec["actions"][0]["at"] == 0x47FF and rec["basedOnEpoch"] == 0
     assert "buckets" not in rec["actions"][0]  # nulls are not sent
@@ -87,27 +115,13 @@ async def test_write_then_unchanged_is_not_rewritten(
     version = obj["metadata"]["resourceVersion"]
 
     # The same recommendation two minutes later: nothing is written.
-    again = await asyncio.to_thread(
-        store.write_recommendation,
-        NS,
-        "orders",
-        recommendation(NOW + 120),
-        now=NOW + 120,
-        refresh_after=300,
-    )
+    again = await write(store, NOW + 120)
     assert again.result is WriteResult.UNCHANGED and again.resource_version == version
-    obj = await asyncio.to_thread(store.get_topic, NS, "orders")
-    assert obj is not None and obj["metadata"]["resourceVersion"] == version
+    obj = await read_topic(store)
+    assert obj["metadata"]["resourceVersion"] == version
 
     # Past refresh_after a standing recommendation is rewritten to stay fresh.
-    later = await asyncio.to_thread(
-        store.write_recommendation,
-        NS,
-        "orders",
-        recommendation(NOW + 600),
-        now=NOW + 600,
-        refresh_after=300,
-    )
+    later = await write(store, NOW + 600)
     assert later.result is WriteResult.WRITTEN and later.resource_version != version
 
 
@@ -126,26 +140,15 @@ async def test_concurrent_status_change_causes_409_and_a_retry(
         fresh = other.get_topic(NS, "orders")
         assert fresh is not None
         fresh["status"]["activeSegments"] = 4
-        other.custom.replace_namespaced_custom_object_status(
-            "scalabletopics.io", "v1alpha1", NS, "scalabletopics", "orders", fresh
-        )
+        replace_status(other, "orders", fresh)
 
     try:
-        outcome = await asyncio.to_thread(
-            store.write_recommendation,
-            NS,
-            "orders",
-            recommendation(NOW),
-            now=NOW,
-            refresh_after=300,
-            after_read=concurrent_change,
-        )
+        outcome = await write(store, after_read=concurrent_change)
     finally:
         other.close()
     assert outcome.result is WriteResult.WRITTEN and outcome.conflicts == 1
     assert len(reads) == 2 and reads[0] != reads[1]
-    obj = await asyncio.to_thread(store.get_topic, NS, "orders")
-    assert obj is not None
+    obj = await read_topic(store)
     # Both writes survive: the CAS never overwrote the concurrent change.
     assert obj["status"]["activeSegments"] == 4
     assert obj["status"]["recommendation"]["actions"][0]["segments"] == [1]
@@ -162,29 +165,17 @@ async def test_layout_change_between_read_and_write_makes_it_stale(
         if fresh["status"]["layout"]["epoch"] != 0:
             return
         fresh["status"]["layout"] = SegmentLayout.initial(4).split(1).to_metadata()
-        store.custom.replace_namespaced_custom_object_status(
-            "scalabletopics.io", "v1alpha1", NS, "scalabletopics", "orders", fresh
-        )
+        replace_status(store, "orders", fresh)
 
-    outcome = await asyncio.to_thread(
-        store.write_recommendation,
-        NS,
-        "orders",
-        recommendation(NOW),
-        now=NOW,
-        refresh_after=300,
-        after_read=split_meanwhile,
-    )
+    outcome = await write(store, after_read=split_meanwhile)
     assert outcome.result is WriteResult.STALE and outcome.conflicts == 1
-    obj = await asyncio.to_thread(store.get_topic, NS, "orders")
-    assert obj is not None and "recommendation" not in obj["status"]
+    obj = await read_topic(store)
+    assert "recommendation" not in obj["status"]
 
 
 async def test_vanished_topics_are_skipped(local_cluster: LocalCluster, store: TopicStore) -> None:
     await make_topic(local_cluster, store, "orders")
-    missing = await asyncio.to_thread(
-        store.write_recommendation, NS, "nope", recommendation(NOW), now=NOW, refresh_after=300
-    )
+    missing = await write(store, name="nope")
     assert missing.result is WriteResult.VANISHED
 
     def delete_meanwhile(obj: dict[str, Any]) -> None:
@@ -192,13 +183,5 @@ async def test_vanished_topics_are_skipped(local_cluster: LocalCluster, store: T
             "scalabletopics.io", "v1alpha1", NS, "scalabletopics", "orders"
         )
 
-    deleted = await asyncio.to_thread(
-        store.write_recommendation,
-        NS,
-        "orders",
-        recommendation(NOW),
-        now=NOW,
-        refresh_after=300,
-        after_read=delete_meanwhile,
-    )
+    deleted = await write(store, after_read=delete_meanwhile)
     assert deleted.result is WriteResult.VANISHED

@@ -35,9 +35,14 @@ def _meta(retention: Retention | None = None) -> SegmentMeta:
 
 
 async def _open(
-    path: Path, executor: ThreadPoolExecutor, *, subs: dict[str, str] | None = None, **kw: int
+    path: Path,
+    executor: ThreadPoolExecutor,
+    *,
+    subs: dict[str, str] | None = None,
+    retention: Retention | None = None,
+    **kw: int,
 ) -> Segment:
-    meta = _meta()
+    meta = _meta(retention)
     if not (path / "segment.json").exists():
         Segment.create_blocking(path, meta, subs or {"s": "Exclusive"})
     seg = Segment(path, meta, StorageSettings(**kw), executor)  # type: ignore[arg-type]
@@ -59,6 +64,13 @@ async def _durable(seg: Segment, position: int) -> None:
     async with asyncio.timeout(10):
         while seg.visible_position < position:
             await seg.wait_flushed()
+
+
+async def _append_durably(seg: Segment, count: int, value: bytes) -> None:
+    """Entries 0 … count-1 of producer ``p``, each one flushed before the next is appended."""
+    for i in range(count):
+        await _append(seg, "p", i, value)
+        await _durable(seg, i)
 
 
 async def test_group_commit_flushes_many_entries_with_few_fsyncs(
@@ -163,9 +175,7 @@ async def test_retention_deletes_whole_files_below_every_cursor(
 ) -> None:
     path = tmp_path / "s"
     seg = await _open(path, executor, subs={"a": "Exclusive", "b": "Queue"}, roll_bytes=1000)
-    for i in range(60):
-        await _append(seg, "p", i, b"z" * 40)
-        await _durable(seg, i)
+    await _append_durably(seg, 60, b"z" * 40)
     files_before = len(seg.log.files)
     assert files_before > 3
     seg.cursors["a"].ack_cumulative(59)
@@ -212,31 +222,29 @@ def test_message_count_offset_matches_the_header() -> None:
     assert struct.unpack_from("<I", e, 18)[0] == 1
 
 
-async def test_retention_policy_keeps_recent_files_even_when_consumed(
+async def _consumed(
+    path: Path, executor: ThreadPoolExecutor, retention: Retention, entries: int
+) -> Segment:
+    """A segment rolling at 1000 bytes with ``entries`` durable entries, all acknowledged."""
+    seg = await _open(path, executor, retention=retention, roll_bytes=1000)
+    await _append_durably(seg, entries, b"z" * 40)
+    seg.cursors["s"].ack_cumulative(entries - 1)
+    return seg
+
+
+async def test_size_retention_keeps_the_newest_files_even_when_consumed(
     tmp_path: Path, executor: ThreadPoolExecutor
 ) -> None:
-    path = tmp_path / "s"
-    meta = SegmentMeta("ns", "t", 0, 0, 0xFFFF, 1, 0.0, Retention(size_bytes=3000))
-    Segment.create_blocking(path, meta, {"s": "Exclusive"})
-    seg = Segment(path, meta, StorageSettings(roll_bytes=1000), executor)
-    await seg.open()
-    for i in range(60):
-        await _append(seg, "p", i, b"z" * 40)
-        await _durable(seg, i)
-    seg.cursors["s"].ack_cumulative(59)
+    seg = await _consumed(tmp_path / "s", executor, Retention(size_bytes=3000), 60)
     assert await seg.apply_retention() > 0
     assert 3000 - 1100 <= seg.log.total_bytes <= 3000 + 1100
     await seg.close()
 
-    path = tmp_path / "t"
-    meta = SegmentMeta("ns", "t", 1, 0, 0xFFFF, 1, 0.0, Retention(time_ms=3_600_000))
-    Segment.create_blocking(path, meta, {"s": "Exclusive"})
-    seg = Segment(path, meta, StorageSettings(roll_bytes=1000), executor)
-    await seg.open()
-    for i in range(30):
-        await _append(seg, "p", i, b"z" * 40)
-        await _durable(seg, i)
-    seg.cursors["s"].ack_cumulative(29)
+
+async def test_time_retention_keeps_young_files_even_when_consumed(
+    tmp_path: Path, executor: ThreadPoolExecutor
+) -> None:
+    seg = await _consumed(tmp_path / "s", executor, Retention(time_ms=3_600_000), 30)
     assert await seg.apply_retention() == 0, "everything is younger than an hour"
     await seg.close()
 
@@ -246,9 +254,7 @@ async def test_damaged_rolled_file_is_never_served(
 ) -> None:
     path = tmp_path / "s"
     seg = await _open(path, executor, roll_bytes=1000)
-    for i in range(40):
-        await _append(seg, "p", i, b"q" * 40)
-        await _durable(seg, i)
+    await _append_durably(seg, 40, b"q" * 40)
     await seg.close()
     first = seg.log.files[0]
     raw = bytearray(first.path.read_bytes())

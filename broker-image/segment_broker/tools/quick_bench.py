@@ -20,7 +20,6 @@ import contextlib
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +27,8 @@ from pathlib import Path
 import aiohttp
 from scalable_topics.client.segment import EntryAck, SegmentAdmin, SegmentConsumer, SegmentProducer
 from scalable_topics.core import wire
+
+from segment_broker.tools.launch import broker_command
 
 
 def _free_port() -> int:
@@ -87,21 +88,7 @@ async def run(args: argparse.Namespace) -> None:
     url = f"http://127.0.0.1:{port}"
     scratch = None if args.data_dir else tempfile.TemporaryDirectory(prefix="quick-bench-")
     data_dir = Path(args.data_dir or scratch.name)  # type: ignore[union-attr]
-    cmd = [
-        sys.executable,
-        "-m",
-        "segment_broker",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--data-dir",
-        str(data_dir),
-        "--fsync",
-        args.fsync,
-        "--log-level",
-        "WARNING",
-    ]
+    cmd = broker_command(port, data_dir, "--fsync", args.fsync, "--log-level", "WARNING")
     ncpu = os.cpu_count() or 1
     if ncpu >= 2 and args.pin:
         cmd = ["taskset", "-c", "0", *cmd]

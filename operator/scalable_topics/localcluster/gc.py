@@ -208,11 +208,21 @@ class GarbageCollector:
         with contextlib.suppress(ApiError):
             self.api.update(rt, loc[1], loc[2], new, subresource=None, require_rv=False)
 
-    def _owner(self, uid: str) -> tuple[str, JSON] | None:
+    def _owner(self, uid: str, finalizer: str) -> tuple[str, JSON] | None:
+        """The owner ``uid`` while it is being deleted and ``finalizer`` still holds it."""
         found = self.store.by_uid(uid)
-        if found is None or not found[1]["metadata"].get("deletionTimestamp"):
+        if found is None:
+            return None
+        meta = found[1]["metadata"]
+        if not meta.get("deletionTimestamp") or finalizer not in (meta.get("finalizers") or []):
             return None
         return found
+
+    def _release(self, key: str, owner: JSON, finalizer: str) -> None:
+        """Drop ``finalizer`` from the owner as it is stored now."""
+        current = self.store.get(*_loc(key, owner))
+        if current is not None:
+            self._remove_finalizer(key, current, finalizer)
 
     def _remove_finalizer(self, key: str, obj: JSON, finalizer: str) -> None:
         rt = self._rt(key)
@@ -227,8 +237,8 @@ class GarbageCollector:
             self.api.update(rt, meta.get("namespace", ""), meta["name"], new, require_rv=False)
 
     def _foreground(self, owner_uid: str) -> None:
-        found = self._owner(owner_uid)
-        if found is None or FOREGROUND not in (found[1]["metadata"].get("finalizers") or []):
+        found = self._owner(owner_uid, FOREGROUND)
+        if found is None:
             return
         key, owner = found
         for loc in list(self._dependents.get(owner_uid, ())):
@@ -238,9 +248,7 @@ class GarbageCollector:
         if not any(
             self._blocks(loc, owner_uid) for loc in list(self._dependents.get(owner_uid, ()))
         ):
-            current = self.store.get(*_loc(key, owner))
-            if current is not None:
-                self._remove_finalizer(key, current, FOREGROUND)
+            self._release(key, owner, FOREGROUND)
 
     def _blocks(self, loc: Loc, owner_uid: str) -> bool:
         """Whether a dependent still exists and holds its owner with ``blockOwnerDeletion``."""
@@ -251,8 +259,8 @@ class GarbageCollector:
         )
 
     def _orphan(self, owner_uid: str) -> None:
-        found = self._owner(owner_uid)
-        if found is None or ORPHAN not in (found[1]["metadata"].get("finalizers") or []):
+        found = self._owner(owner_uid, ORPHAN)
+        if found is None:
             return
         key, owner = found
         for loc in list(self._dependents.get(owner_uid, ())):
@@ -263,9 +271,7 @@ class GarbageCollector:
                 r for r in dep["metadata"].get("ownerReferences") or [] if r.get("uid") != owner_uid
             ]
             self._set_owner_refs(loc, dep, refs)
-        current = self.store.get(*_loc(key, owner))
-        if current is not None:
-            self._remove_finalizer(key, current, ORPHAN)
+        self._release(key, owner, ORPHAN)
 
     def _namespace(self, name: str) -> None:
         ns = self.store.get(NS_KEY, "", name)

@@ -24,6 +24,7 @@ from .errors import (
     Cause,
     already_exists,
     bad_request,
+    conflict,
     forbidden,
     invalid,
     not_found,
@@ -127,26 +128,25 @@ _EVENT_FIELDS = (
 _EVENT_SAME = ("metadata", "eventTime", "series", "action", "reason", "related", "type")
 
 
-def event_to_new(core: JSON) -> JSON:
-    out: JSON = {"apiVersion": "events.k8s.io/v1", "kind": "Event"}
+def _convert_event(src: JSON, api_version: str, renamed: tuple[tuple[str, str], ...]) -> JSON:
+    """``src`` in the other Event shape: shared fields as they are, ``renamed`` ones (pairs of
+    target and source name) under their name there."""
+    out: JSON = {"apiVersion": api_version, "kind": "Event"}
     for k in _EVENT_SAME:
-        if k in core:
-            out[k] = core[k]
-    for new, old in _EVENT_FIELDS:
-        if old in core:
-            out[new] = core[old]
+        if k in src:
+            out[k] = src[k]
+    for target, source in renamed:
+        if source in src:
+            out[target] = src[source]
     return out
+
+
+def event_to_new(core: JSON) -> JSON:
+    return _convert_event(core, "events.k8s.io/v1", _EVENT_FIELDS)
 
 
 def event_to_core(new: JSON) -> JSON:
-    out: JSON = {"apiVersion": "v1", "kind": "Event"}
-    for k in _EVENT_SAME:
-        if k in new:
-            out[k] = new[k]
-    for newk, old in _EVENT_FIELDS:
-        if newk in new:
-            out[old] = new[newk]
-    return out
+    return _convert_event(new, "v1", tuple((old, newk) for newk, old in _EVENT_FIELDS))
 
 
 class Api:
@@ -191,6 +191,14 @@ class Api:
             if base is not None:
                 return base
         return rt
+
+    def _stored(self, rt: ResourceType, namespace: str, name: str) -> tuple[ResourceType, JSON]:
+        """The type ``rt`` is stored as, and the stored object (404 when there is none)."""
+        srt = self._storage_rt(rt)
+        existing = self.store.get(srt.key, namespace if rt.namespaced else "", name)
+        if existing is None:
+            raise self._err_not_found(rt, name)
+        return srt, existing
 
     def get(self, rt: ResourceType, namespace: str, name: str) -> JSON:
         obj = self.store.get(rt.store_key, namespace if rt.namespaced else "", name)
@@ -377,11 +385,7 @@ class Api:
         field_validation: str = "Ignore",
     ) -> JSON:
         body = self._check_body(rt, body, version)
-        srt = self._storage_rt(rt)
-        ns = namespace if rt.namespaced else ""
-        existing = self.store.get(srt.key, ns, name)
-        if existing is None:
-            raise self._err_not_found(rt, name)
+        srt, existing = self._stored(rt, namespace, name)
         new = self._from_view(rt, copy.deepcopy(body))
         meta = new.get("metadata")
         if not isinstance(meta, dict):
@@ -544,11 +548,7 @@ class Api:
         dry_run: bool = False,
         field_validation: str = "Ignore",
     ) -> JSON:
-        srt = self._storage_rt(rt)
-        ns = namespace if rt.namespaced else ""
-        existing = self.store.get(srt.key, ns, name)
-        if existing is None:
-            raise self._err_not_found(rt, name)
+        srt, existing = self._stored(rt, namespace, name)
         current = copy.deepcopy(self.to_view(rt, existing, version))
         patched = self.apply_patch(rt, current, content_type, patch)
         if not isinstance(patched, dict):
@@ -678,33 +678,25 @@ class Api:
         version: str | None = None,
     ) -> JSON:
         options = options or {}
-        srt = self._storage_rt(rt)
-        ns = namespace if rt.namespaced else ""
-        existing = self.store.get(srt.key, ns, name)
-        if existing is None:
-            raise self._err_not_found(rt, name)
+        srt, existing = self._stored(rt, namespace, name)
         pre = options.get("preconditions") or {}
         meta = existing["metadata"]
         if pre.get("uid") and pre["uid"] != meta.get("uid"):
-            raise ApiError(
-                409,
-                "Conflict",
-                f'Operation cannot be fulfilled on {rt.qualified} "{name}": Precondition failed: '
+            raise conflict(
+                rt.plural,
+                rt.group,
+                name,
+                "Precondition failed: "
                 f"UID in precondition: {pre['uid']}, UID in object meta: {meta.get('uid')}",
-                name=name,
-                group=rt.group,
-                kind=rt.plural,
             )
         if pre.get("resourceVersion") and pre["resourceVersion"] != meta.get("resourceVersion"):
-            raise ApiError(
-                409,
-                "Conflict",
-                f'Operation cannot be fulfilled on {rt.qualified} "{name}": Precondition failed: '
+            raise conflict(
+                rt.plural,
+                rt.group,
+                name,
+                "Precondition failed: "
                 f"ResourceVersion in precondition: {pre['resourceVersion']}, ResourceVersion in "
                 f"object meta: {meta.get('resourceVersion')}",
-                name=name,
-                group=rt.group,
-                kind=rt.plural,
             )
         policy = options.get("propagationPolicy")
         if policy is None and options.get("orphanDependents") is True:

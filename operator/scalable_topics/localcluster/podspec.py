@@ -210,36 +210,38 @@ def field_value(pod: JsonObj, path: str) -> str:
     raise PodSpecError(f"unsupported fieldRef {path!r}")
 
 
-def referenced_objects(pod: JsonObj) -> set[tuple[str, str, bool]]:
+ObjectRef = tuple[str, str, bool]
+"""(kind, name, optional) of a ConfigMap or Secret a pod uses."""
+
+# (field holding the reference, kind referred to, key of the name in the reference)
+_ENV_FROM_REFS = (("configMapRef", "ConfigMap", "name"), ("secretRef", "Secret", "name"))
+_ENV_KEY_REFS = (("configMapKeyRef", "ConfigMap", "name"), ("secretKeyRef", "Secret", "name"))
+_VOLUME_REFS = (("configMap", "ConfigMap", "name"), ("secret", "Secret", "secretName"))
+_PROJECTED_REFS = (("configMap", "ConfigMap", "name"), ("secret", "Secret", "name"))
+
+
+def _refs_in(holder: JsonObj, ref_fields: tuple[tuple[str, str, str], ...]) -> set[ObjectRef]:
+    refs: set[ObjectRef] = set()
+    for field_name, kind, name_key in ref_fields:
+        if field_name in holder:
+            ref = holder[field_name]
+            refs.add((kind, ref.get(name_key, ""), bool(ref.get("optional", False))))
+    return refs
+
+
+def referenced_objects(pod: JsonObj) -> set[ObjectRef]:
     """(kind, name, optional) of every ConfigMap/Secret the pod's containers and volumes use."""
     spec = pod.get("spec") or {}
-    refs: set[tuple[str, str, bool]] = set()
+    refs: set[ObjectRef] = set()
     for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
         for src in c.get("envFrom") or []:
-            for field_name, kind in (("configMapRef", "ConfigMap"), ("secretRef", "Secret")):
-                if field_name in src:
-                    ref = src[field_name]
-                    refs.add((kind, ref.get("name", ""), bool(ref.get("optional", False))))
+            refs |= _refs_in(src, _ENV_FROM_REFS)
         for var in c.get("env") or []:
-            value_from = var.get("valueFrom") or {}
-            for field_name, kind in (("configMapKeyRef", "ConfigMap"), ("secretKeyRef", "Secret")):
-                if field_name in value_from:
-                    ref = value_from[field_name]
-                    refs.add((kind, ref.get("name", ""), bool(ref.get("optional", False))))
+            refs |= _refs_in(var.get("valueFrom") or {}, _ENV_KEY_REFS)
     for vol in spec.get("volumes") or []:
-        if "configMap" in vol:
-            ref = vol["configMap"]
-            refs.add(("ConfigMap", ref.get("name", ""), bool(ref.get("optional", False))))
-        if "secret" in vol:
-            ref = vol["secret"]
-            refs.add(("Secret", ref.get("secretName", ""), bool(ref.get("optional", False))))
+        refs |= _refs_in(vol, _VOLUME_REFS)
         for source in (vol.get("projected") or {}).get("sources") or []:
-            if "configMap" in source:
-                ref = source["configMap"]
-                refs.add(("ConfigMap", ref.get("name", ""), bool(ref.get("optional", False))))
-            if "secret" in source:
-                ref = source["secret"]
-                refs.add(("Secret", ref.get("name", ""), bool(ref.get("optional", False))))
+            refs |= _refs_in(source, _PROJECTED_REFS)
     return refs
 
 

@@ -10,9 +10,12 @@ object by the field numbers of ``k8s.io/api/core/v1/generated.proto``). Every ot
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable, Mapping
 from typing import Any
 
 JSON = dict[str, Any]
+Value = int | bytes
+"""A field's value: an int for varints, bytes for length-delimited fields."""
 
 MAGIC = b"k8s\x00"
 
@@ -37,9 +40,9 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
             raise ProtobufError("varint too long")
 
 
-def fields(buf: bytes) -> list[tuple[int, int | bytes]]:
+def fields(buf: bytes) -> list[tuple[int, Value]]:
     """(field number, value) pairs: ints for varints, bytes for length-delimited fields."""
-    out: list[tuple[int, int | bytes]] = []
+    out: list[tuple[int, Value]] = []
     pos = 0
     while pos < len(buf):
         key, pos = _varint(buf, pos)
@@ -62,19 +65,19 @@ def fields(buf: bytes) -> list[tuple[int, int | bytes]]:
     return out
 
 
-def _str(value: int | bytes) -> str:
+def _str(value: Value) -> str:
     if not isinstance(value, bytes):
         raise ProtobufError("expected a string field")
     return value.decode()
 
 
-def _bytes(value: int | bytes) -> bytes:
+def _bytes(value: Value) -> bytes:
     if not isinstance(value, bytes):
         raise ProtobufError("expected a bytes field")
     return value
 
 
-def _map_entry(value: int | bytes) -> tuple[str, bytes]:
+def _map_entry(value: Value) -> tuple[str, bytes]:
     key = ""
     val = b""
     for n, v in fields(_bytes(value)):
@@ -85,88 +88,113 @@ def _map_entry(value: int | bytes) -> tuple[str, bytes]:
     return key, val
 
 
-def _owner_reference(buf: bytes) -> JSON:
-    ref: JSON = {}
-    names = {5: "apiVersion", 1: "kind", 3: "name", 4: "uid"}
-    for n, v in fields(buf):
-        if n in names:
-            ref[names[n]] = _str(v)
-        elif n == 6:
-            ref["controller"] = bool(v)
-        elif n == 7:
-            ref["blockOwnerDeletion"] = bool(v)
-    return ref
+_Field = Callable[[JSON, Value], None]
+"""Stores one decoded field into the object being built."""
 
 
-def _object_meta(buf: bytes) -> JSON:
-    meta: JSON = {}
-    strings = {1: "name", 2: "generateName", 3: "namespace", 5: "uid", 6: "resourceVersion"}
-    for n, v in fields(buf):
-        if n in strings:
-            meta[strings[n]] = _str(v)
-        elif n in (11, 12):
-            key, val = _map_entry(v)
-            meta.setdefault("labels" if n == 11 else "annotations", {})[key] = val.decode()
-        elif n == 13:
-            meta.setdefault("ownerReferences", []).append(_owner_reference(_bytes(v)))
-        elif n == 14:
-            meta.setdefault("finalizers", []).append(_str(v))
-    return meta
+def _message(handlers: Mapping[int, _Field]) -> Callable[[bytes], JSON]:
+    """A decoder for a message: each field goes to the handler of its number (fields the
+    handlers do not know are skipped, as an older decoder skips newer fields)."""
+
+    def decode(buf: bytes) -> JSON:
+        obj: JSON = {}
+        for n, v in fields(buf):
+            handler = handlers.get(n)
+            if handler is not None:
+                handler(obj, v)
+        return obj
+
+    return decode
 
 
-def _namespace(buf: bytes) -> JSON:
-    obj: JSON = {}
-    for n, v in fields(buf):
-        if n == 1:
-            obj["metadata"] = _object_meta(_bytes(v))
-        elif n == 2:
-            finalizers = [_str(fv) for fn, fv in fields(_bytes(v)) if fn == 1]
-            obj["spec"] = {"finalizers": finalizers} if finalizers else {}
-    return obj
+def _set(name: str, convert: Callable[[Value], Any]) -> _Field:
+    def put(obj: JSON, value: Value) -> None:
+        obj[name] = convert(value)
+
+    return put
 
 
-def _config_map(buf: bytes) -> JSON:
-    obj: JSON = {}
-    for n, v in fields(buf):
-        if n == 1:
-            obj["metadata"] = _object_meta(_bytes(v))
-        elif n == 2:
-            key, val = _map_entry(v)
-            obj.setdefault("data", {})[key] = val.decode()
-        elif n == 3:
-            key, val = _map_entry(v)
-            obj.setdefault("binaryData", {})[key] = base64.b64encode(val).decode()
-        elif n == 4:
-            obj["immutable"] = bool(v)
-    return obj
+def _map_into(name: str, encode: Callable[[bytes], str]) -> _Field:
+    """A ``map<string, …>`` field: every entry lands in the JSON object ``name``."""
+
+    def put(obj: JSON, value: Value) -> None:
+        key, val = _map_entry(value)
+        obj.setdefault(name, {})[key] = encode(val)
+
+    return put
 
 
-def _secret(buf: bytes) -> JSON:
-    obj: JSON = {}
-    for n, v in fields(buf):
-        if n == 1:
-            obj["metadata"] = _object_meta(_bytes(v))
-        elif n == 2:
-            key, val = _map_entry(v)
-            obj.setdefault("data", {})[key] = base64.b64encode(val).decode()
-        elif n == 3:
-            obj["type"] = _str(v)
-        elif n == 4:
-            key, val = _map_entry(v)
-            obj.setdefault("data", {})[key] = base64.b64encode(val).decode()
-        elif n == 5:
-            obj["immutable"] = bool(v)
-    return obj
+def _append_to(name: str, convert: Callable[[Value], Any]) -> _Field:
+    """A repeated field: every occurrence is appended to the JSON list ``name``."""
+
+    def put(obj: JSON, value: Value) -> None:
+        obj.setdefault(name, []).append(convert(value))
+
+    return put
 
 
-def _service_account(buf: bytes) -> JSON:
-    obj: JSON = {}
-    for n, v in fields(buf):
-        if n == 1:
-            obj["metadata"] = _object_meta(_bytes(v))
-        elif n == 4:
-            obj["automountServiceAccountToken"] = bool(v)
-    return obj
+def _base64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+_owner_reference = _message(
+    {
+        1: _set("kind", _str),
+        3: _set("name", _str),
+        4: _set("uid", _str),
+        5: _set("apiVersion", _str),
+        6: _set("controller", bool),
+        7: _set("blockOwnerDeletion", bool),
+    }
+)
+
+_object_meta = _message(
+    {
+        1: _set("name", _str),
+        2: _set("generateName", _str),
+        3: _set("namespace", _str),
+        5: _set("uid", _str),
+        6: _set("resourceVersion", _str),
+        11: _map_into("labels", bytes.decode),
+        12: _map_into("annotations", bytes.decode),
+        13: _append_to("ownerReferences", lambda v: _owner_reference(_bytes(v))),
+        14: _append_to("finalizers", _str),
+    }
+)
+
+
+def _metadata(obj: JSON, value: Value) -> None:
+    obj["metadata"] = _object_meta(_bytes(value))
+
+
+def _namespace_spec(obj: JSON, value: Value) -> None:
+    finalizers = [_str(fv) for fn, fv in fields(_bytes(value)) if fn == 1]
+    obj["spec"] = {"finalizers": finalizers} if finalizers else {}
+
+
+_namespace = _message({1: _metadata, 2: _namespace_spec})
+
+_config_map = _message(
+    {
+        1: _metadata,
+        2: _map_into("data", bytes.decode),
+        3: _map_into("binaryData", _base64),
+        4: _set("immutable", bool),
+    }
+)
+
+# ``stringData`` (field 4) is folded into ``data``, as the apiserver does on write.
+_secret = _message(
+    {
+        1: _metadata,
+        2: _map_into("data", _base64),
+        3: _set("type", _str),
+        4: _map_into("data", _base64),
+        5: _set("immutable", bool),
+    }
+)
+
+_service_account = _message({1: _metadata, 4: _set("automountServiceAccountToken", bool)})
 
 
 _DECODERS = {

@@ -245,22 +245,7 @@ def _walk(
                 sub = additional
             if sub is not None:
                 _walk(v, sub, old_map.get(k), _join(path, k), ctx)
-        n = len(value)
-        if "maxProperties" in schema and n > schema["maxProperties"]:
-            ctx.causes.append(
-                Cause(
-                    "FieldValueTooMany",
-                    f"Too many: {n}: must have at most {schema['maxProperties']} items",
-                    path,
-                )
-            )
-        if "minProperties" in schema and n < schema["minProperties"]:
-            _invalid(
-                ctx,
-                path,
-                value,
-                f"{path} in body should have at least {schema['minProperties']} properties",
-            )
+        _size_checks(value, schema, path, ctx, "Properties")
     elif isinstance(value, list):
         _array_checks(value, schema, old, path, ctx)
 
@@ -334,20 +319,26 @@ def _regex(pattern: str) -> re.Pattern[str]:
     return compiled
 
 
-def _array_checks(value: list[Any], schema: JSON, old: Any, path: str, ctx: _Ctx) -> None:
+def _size_checks(
+    value: dict[str, Any] | list[Any], schema: JSON, path: str, ctx: _Ctx, what: str
+) -> None:
+    """``max<what>``/``min<what>`` of an object (``Properties``) or an array (``Items``)."""
     n = len(value)
-    if "maxItems" in schema and n > schema["maxItems"]:
+    most, least = f"max{what}", f"min{what}"
+    if most in schema and n > schema[most]:
         ctx.causes.append(
             Cause(
-                "FieldValueTooMany",
-                f"Too many: {n}: must have at most {schema['maxItems']} items",
-                path,
+                "FieldValueTooMany", f"Too many: {n}: must have at most {schema[most]} items", path
             )
         )
-    if "minItems" in schema and n < schema["minItems"]:
+    if least in schema and n < schema[least]:
         _invalid(
-            ctx, path, value, f"{path} in body should have at least {schema['minItems']} items"
+            ctx, path, value, f"{path} in body should have at least {schema[least]} {what.lower()}"
         )
+
+
+def _array_checks(value: list[Any], schema: JSON, old: Any, path: str, ctx: _Ctx) -> None:
+    _size_checks(value, schema, path, ctx, "Items")
     list_type = schema.get("x-kubernetes-list-type")
     map_keys: list[str] = schema.get("x-kubernetes-list-map-keys") or []
     if schema.get("uniqueItems") or list_type == "set":

@@ -118,6 +118,11 @@ def jsonpath(obj: Any, path: str) -> list[Any]:
 # -- cell formatting ----------------------------------------------------------------------
 
 
+def _units(whole: int, unit: str, rest: int, rest_unit: str) -> str:
+    """``1h30m``, or ``1h`` when the smaller unit is zero."""
+    return f"{whole}{unit}{rest}{rest_unit}" if rest else f"{whole}{unit}"
+
+
 def human_duration(seconds: float) -> str:
     """``k8s.io/apimachinery/pkg/util/duration.HumanDuration``."""
     s = int(seconds)
@@ -127,25 +132,21 @@ def human_duration(seconds: float) -> str:
         return f"{s}s"
     minutes = s // 60
     if minutes < 10:
-        rem = s % 60
-        return f"{minutes}m{rem}s" if rem else f"{minutes}m"
+        return _units(minutes, "m", s % 60, "s")
     if minutes < 180:
         return f"{minutes}m"
     hours = s // 3600
     if hours < 8:
-        rem = minutes % 60
-        return f"{hours}h{rem}m" if rem else f"{hours}h"
+        return _units(hours, "h", minutes % 60, "m")
     if hours < 48:
         return f"{hours}h"
     if hours < 24 * 8:
-        rem = hours % 24
-        return f"{hours // 24}d{rem}h" if rem else f"{hours // 24}d"
+        return _units(hours // 24, "d", hours % 24, "h")
     if hours < 24 * 365 * 2:
         return f"{hours // 24}d"
     if hours < 24 * 365 * 8:
         days = hours // 24
-        rem = days % 365
-        return f"{days // 365}y{rem}d" if rem else f"{days // 365}y"
+        return _units(days // 365, "y", days % 365, "d")
     return f"{hours // 24 // 365}y"
 
 
