@@ -29,7 +29,7 @@ from typing import Any
 import bench
 from bench.report import Report
 
-_NOT_BENCHMARKS = {"run", "report"}
+_NOT_BENCHMARKS = {"run", "report", "quick_broker"}
 REPORTS_DIR = Path(__file__).resolve().parent / "reports"
 
 

@@ -1,10 +1,11 @@
 """Quick produce (and optionally consume) measurement against a real broker subprocess.
 
-Not a test and not the project benchmark (that is ``bench/``): a developer's sanity check of the
-broker's hot path. The broker runs pinned to CPU 0, this client on CPU 1 (when there are two).
+Not a test and not the project benchmark (that is ``python -m bench.run``): a developer's
+sanity check of the broker's hot path. The broker runs pinned to CPU 0, this client on CPU 1
+(when there are two).
 
-    python -m segment_broker.tools.quick_bench --payload 100 --batch 500 --seconds 10
-    python -m segment_broker.tools.quick_bench --payload 1000 --rate 50000   # open loop
+    python -m bench.quick_broker --payload 100 --batch 500 --seconds 10
+    python -m bench.quick_broker --payload 1000 --rate 50000   # open loop
 
 Closed loop (default): as fast as the in-flight window allows. Open loop (``--rate``): messages
 are due at ``start + i/rate``; every millisecond the due messages are sent in entries of at most
@@ -27,7 +28,6 @@ from pathlib import Path
 import aiohttp
 from scalable_topics.client.segment import EntryAck, SegmentAdmin, SegmentConsumer, SegmentProducer
 from scalable_topics.core import wire
-
 from segment_broker.tools.launch import broker_command
 
 
