@@ -3,9 +3,9 @@
 Two real broker processes, the real operator session server (in-process, fed from in-memory
 layouts) and one :class:`~scalable_topics.client.ScalableTopicProducer` sending keyed messages
 at a constant rate (open loop). While it sends, segments are split one after another through
-the brokers' admin API in the protocol's order (children created, parent terminated with its
-successors, then the DAG push). The producer learns the successors from the ``SEALED`` frame
-and re-routes at once.
+the brokers' admin API in the protocol's order (children created fenced, parent terminated with
+its successors, children activated, then the DAG push). The producer learns the successors from
+the ``SEALED`` frame and re-routes at once.
 
 For each key of a split segment, the **window** is the time between the key's last
 acknowledgement on the parent and its first acknowledgement on a child. At a constant rate a
@@ -198,7 +198,8 @@ async def run(report: Report, quick: bool) -> None:
         f"For scale: the steady publish->ack latency of the same run is p50 "
         f"{extra['latency_p50_ms']:.1f} ms, p99 {extra['latency_p99_ms']:.1f} ms; a window "
         "holds one seal (broker fsync of the termination marker), the SEALED frame, one "
-        "connection handshake to each child broker and one child ack."
+        "connection handshake to each child broker (held until the child is activated: one "
+        "directory fsync on its broker, after the seal) and one child ack."
     )
     section.data.update(
         {

@@ -226,12 +226,18 @@ class TopicEnv:
         if early_push is not None:
             self.publish()
             await asyncio.sleep(early_push)
-        for parent in parents:
-            await self.admins[self.placement[parent]].terminate(
-                self.namespace, self.topic, parent, successors
+        await asyncio.gather(
+            *(
+                self.admins[self.placement[p]].terminate(self.namespace, self.topic, p, successors)
+                for p in parents
             )
-        for child in children:
-            await self.admins[self.placement[child]].activate(self.namespace, self.topic, child)
+        )
+        await asyncio.gather(
+            *(
+                self.admins[self.placement[c]].activate(self.namespace, self.topic, c)
+                for c in children
+            )
+        )
         self.publish()
         for replica in self.operators:
             replica.hub.layout_changed(self.namespace, self.topic, new)

@@ -24,11 +24,12 @@ the hook the crash tests use. It is read at start-up and never set in production
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from ..core.dagview import render_dag
@@ -361,8 +362,10 @@ class OperationExecutor:
             )
 
     async def _seal_parents(self, topic: Body, operation: Operation) -> None:
+        """Terminate every parent (concurrently: the producers' window is the slowest seal)."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         urls = self.cache.segment_brokers(ns, name)
+        seals = []
         for parent in operation.parents:
             successors = [
                 Successor(c.segment_id, c.hash_range, urls.get(c.segment_id, ""))
@@ -372,17 +375,20 @@ class OperationExecutor:
             url = urls.get(parent)
             if not url:
                 raise BrokerError("?", f"segment {parent} has no broker recorded")
-            await self.brokers.terminate(url, ns, name, parent, successors)
+            seals.append(self.brokers.terminate(url, ns, name, parent, successors))
+        await _all(seals)
 
     async def _activate_children(self, topic: Body, operation: Operation) -> None:
         """Open the children for produce: every parent is sealed by now (idempotent)."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         urls = self.cache.segment_brokers(ns, name)
+        activations = []
         for child in operation.children:
             url = urls.get(child.segment_id)
             if not url:
                 raise BrokerError("?", f"segment {child.segment_id} has no broker recorded")
-            await self.brokers.activate(url, ns, name, child.segment_id)
+            activations.append(self.brokers.activate(url, ns, name, child.segment_id))
+        await _all(activations)
 
     async def _record_phase(self, topic: Body, operation: Operation) -> Body:
         meta = topic["metadata"]
@@ -499,6 +505,14 @@ class OperationExecutor:
             topic, "Warning", "OperationRolledBack", f"{_describe(operation)} rolled back: {why}"
         )
         return topic
+
+
+async def _all(calls: list[Coroutine[Any, Any, Any]]) -> None:
+    """Await every call, then raise the first failure (each call is idempotent, so a retry
+    repeats the ones that succeeded harmlessly)."""
+    for result in await asyncio.gather(*calls, return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result
 
 
 def _describe(operation: Operation) -> str:
