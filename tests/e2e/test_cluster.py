@@ -1,0 +1,153 @@
+"""End to end on a real Kubernetes cluster where Scalable Topics is deployed (``make deploy``).
+
+Skipped unless ``SCALABLE_TOPICS_E2E_KUBECONFIG`` names a kubeconfig. Only ``kubectl`` is used,
+as a platform team would: the test needs no network path to pods, so it runs from a laptop or
+a CI runner outside the cluster. Everything happens in a fresh namespace that is deleted at the
+end. Proven here against the embedded control plane (``stopic local up`` + the local overlay):
+
+    SCALABLE_TOPICS_E2E_KUBECONFIG=/path/kubeconfig .venv/bin/pytest tests/e2e -m e2e
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+KUBECONFIG_ENV = "SCALABLE_TOPICS_E2E_KUBECONFIG"
+TIMEOUT = float(os.environ.get("SCALABLE_TOPICS_E2E_TIMEOUT", "180"))
+
+
+class Kubectl:
+    def __init__(self, kubeconfig: str, namespace: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.binary = shutil.which("kubectl") or "kubectl"
+
+    def __call__(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        result = subprocess.run(
+            [self.binary, "--kubeconfig", self.kubeconfig, "-n", self.namespace, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr or result.stdout}")
+        return result.stdout
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self(*args, "-o", "json"))
+
+
+def eventually(what: str, probe: Callable[[], Any], within: float = TIMEOUT) -> Any:
+    """Poll ``probe`` until it returns something truthy; the last value is in the failure."""
+    deadline = time.monotonic() + within
+    value: Any = None
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out after {within:.0f}s waiting for {what}; last: {value!r}")
+
+
+@pytest.fixture(scope="module")
+def kubectl() -> Iterator[Kubectl]:
+    kubeconfig = os.environ.get(KUBECONFIG_ENV)
+    if not kubeconfig:
+        pytest.skip(f"set {KUBECONFIG_ENV} to run against a real cluster")
+    namespace = f"stopic-e2e-{uuid.uuid4().hex[:6]}"
+    run = Kubectl(kubeconfig, namespace)
+    run("create", "namespace", namespace)
+    try:
+        yield run
+    finally:
+        run("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+TOPIC = """
+apiVersion: scalabletopics.io/v1alpha1
+kind: ScalableTopic
+metadata:
+  name: e2e
+spec:
+  initialSegments: 2
+  subscriptions:
+    - name: billing
+      type: Stream
+  autoScale:
+    mode: recommend
+"""
+
+
+def topic(kubectl: Kubectl) -> dict[str, Any]:
+    body: dict[str, Any] = kubectl.json("get", "scalabletopic", "e2e")
+    return body
+
+
+def request_done(kubectl: Kubectl, request_id: str) -> dict[str, Any] | None:
+    status = topic(kubectl).get("status") or {}
+    last = status.get("lastRequest") or {}
+    return status if last.get("id") == request_id else None
+
+
+def test_topic_lifecycle_split_merge_delete(kubectl: Kubectl) -> None:
+    kubectl("apply", "-f", "-", stdin=TOPIC)
+    kubectl("wait", "--for=condition=Ready", "scalabletopic/e2e", f"--timeout={TIMEOUT:.0f}s")
+    status = topic(kubectl)["status"]
+    assert status["epoch"] == 0 and status["activeSegments"] == 2
+
+    kubectl(
+        "annotate",
+        "scalabletopic",
+        "e2e",
+        'scalabletopics.io/request={"id": "e2e-split", "op": "split", "segments": [0]}',
+        "--overwrite",
+    )
+    status = eventually("the split", lambda: request_done(kubectl, "e2e-split"))
+    assert status["lastRequest"]["result"] == "Succeeded", status["lastRequest"]
+    assert status["epoch"] == 1 and status["activeSegments"] == 3
+
+    def segment_states() -> dict[int, str]:
+        items = kubectl.json("get", "segments", "-l", "scalabletopics.io/topic=e2e")["items"]
+        return {
+            int(s["spec"]["segmentId"]): (s.get("status") or {}).get("state", "") for s in items
+        }
+
+    states = eventually(
+        "Segments matching the DAG",
+        lambda: (
+            (s := segment_states()) == {0: "Sealed", 1: "Active", 2: "Active", 3: "Active"} and s
+        ),
+    )
+    assert states[0] == "Sealed"
+    described = kubectl("describe", "scalabletopic", "e2e")
+    assert "#0 0000-7fff -> #2 0000-3fff, #3 4000-7fff" in described, described
+    assert "Split" in described
+
+    kubectl(
+        "annotate",
+        "scalabletopic",
+        "e2e",
+        'scalabletopics.io/request={"id": "e2e-merge", "op": "merge", "segments": [2, 3]}',
+        "--overwrite",
+    )
+    status = eventually("the merge", lambda: request_done(kubectl, "e2e-merge"))
+    assert status["lastRequest"]["result"] == "Succeeded", status["lastRequest"]
+    assert status["epoch"] == 2 and status["activeSegments"] == 2
+
+    kubectl("delete", "scalabletopic", "e2e", f"--timeout={TIMEOUT:.0f}s")
+    eventually(
+        "the Segments to be gone",
+        lambda: not kubectl.json("get", "segments", "-l", "scalabletopics.io/topic=e2e")["items"],
+    )
