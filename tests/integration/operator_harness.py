@@ -25,6 +25,7 @@ import aiohttp
 from scalable_topics.localcluster.cluster import LocalCluster
 from scalable_topics.localcluster.kubelet import Kubelet
 from scalable_topics.localcluster.restclient import PODS, Resource, RestClient
+from segment_broker.testing import free_port
 
 from .conftest import KubectlResult, run_kubectl
 
@@ -190,7 +191,7 @@ class Stack:
         retry_period: float = 0.5,
         extra: tuple[str, ...] = (),
     ) -> OperatorProcess:
-        port = random.randint(20000, 32000)
+        port = free_port()
         log_path = self.data_dir / f"operator-{identity}.log"
         env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
         env.pop("SCALABLE_TOPICS_FAULT", None)

@@ -128,9 +128,13 @@ class Controller:
         # The hub serves a topic's consumers once told about it: on gaining the shard, and
         # after every reconcile (new topics, spec changes of subscriptions or grace period).
         self.reconciler.on_reconciled = self._restore_consumers
+        # Drains the leader sees in broker stats ungate children even when the consumer that
+        # drained the segment never reported it (it crashed first).
+        self.reconciler.on_drained = self.hub.segment_drained
         self.queue: WorkQueue[Key] = WorkQueue(
             self.reconciler.reconcile, workers=s.workers, name="topics"
         )
+        self.reconciler.on_requeue_after = self.queue.add_after
         self.autoscaler = AutoScaler(
             self.cache,
             self.reconciler,
@@ -252,6 +256,7 @@ class Controller:
                 self.queue.add((namespace, name))
 
     def _resync_led(self) -> None:
+        self.reconciler.new_stats_round()
         for namespace, name in list(self.cache.topics):
             if self.leadership.leads(namespace, name):
                 self.queue.add((namespace, name))

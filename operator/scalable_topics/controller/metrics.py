@@ -69,3 +69,19 @@ RECOMMENDATIONS = Counter(
     "Recommendations seen by the leader, by outcome (accepted or the reason ignored)",
     (*TOPIC_LABELS, "outcome"),
 )
+PRUNED_SEGMENTS = Counter(
+    "scalable_topic_pruned_segments_total",
+    "Sealed, drained segments pruned from the DAG by retention",
+    TOPIC_LABELS,
+)
+OBSERVED_DRAINS = Counter(
+    "scalable_topic_observed_drains_total",
+    "Sealed segments the controller saw drained for a stream subscription in broker stats "
+    "(fed to the consumer hub)",
+    TOPIC_LABELS,
+)
+DRAIN_CHECKS = Counter(
+    "scalable_topic_drain_checks_total",
+    "Broker stats calls for sealed segments (drain and retention checks), by outcome",
+    ("outcome",),
+)

@@ -13,30 +13,36 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..core.buckets import initial_layout_buckets, layout_buckets
 from ..core.dagview import render_dag
-from ..core.layout import SegmentLayout
+from ..core.layout import SegmentInfo, SegmentLayout
 from ..core.operation import Operation, plan_merge, plan_rebucket, plan_split
-from ..core.policy import AutoScalePolicy
+from ..core.policy import AutoScalePolicy, format_duration
 from ..core.resources import (
     ANNOTATION_REQUEST,
     ConditionType,
     Reason,
     ResourceValidationError,
     ScalableTopicSpec,
+    SubscriptionType,
     condition,
     format_time,
     get_condition,
+    handled_request,
     parse_manual_request,
+    parse_time,
     parse_topic_spec,
+    remember_request,
     segment_name,
     set_condition,
 )
+from ..core.retention import RetentionRule, SegmentDrains, drains_from_stats, next_expiry, prunable
 from . import metrics
 from .brokers import BrokerAdmin, BrokerError
-from .cache import TopicCache, layout_of
+from .cache import TopicCache, layout_of, recorded_broker
 from .kube import Body, KubeApi
 from .protocol import NoBrokerAvailable, OperationExecutor, OperationRejected
 from .status import TopicGone, update_topic_status
@@ -49,10 +55,24 @@ POLICY_ANNOTATION = "scalabletopics.io/autoscale-policy"
 Key = tuple[str, str]
 
 
+STATS_CONCURRENCY = 8
+"""Broker stats calls one reconcile pass makes at once (drain and retention checks)."""
+
+
 class SegmentsUnavailable(Exception):
     def __init__(self, segments: list[int], detail: str) -> None:
         super().__init__(f"segments {segments} are not on a broker yet: {detail}")
         self.segments = segments
+
+
+@dataclass(frozen=True)
+class _Observed:
+    """The last broker stats of a sealed segment: ``round`` is the stats round they were read
+    in, ``drains`` is ``None`` when the broker could not say (unreachable, or no such segment).
+    A sealed segment's drains only grow, so a fully drained observation is kept for good."""
+
+    round: int
+    drains: SegmentDrains | None
 
 
 class TopicReconciler:
@@ -80,6 +100,23 @@ class TopicReconciler:
         self._locks: dict[Key, asyncio.Lock] = {}
         self.on_deleted: Callable[[str, str], None] | None = None
         self.on_reconciled: Callable[[str, str, Body], None] | None = None
+        self.on_drained: Callable[[str, str, str, int], None] | None = None
+        """Called with (namespace, topic, subscription, segment id) for a drain seen in broker
+        stats: the consumer hub's ``segment_drained``."""
+        self.on_requeue_after: Callable[[Key, float], None] | None = None
+        """Asks for another pass of a topic in that many seconds (a retention deadline)."""
+        self.stats_round = 0
+        self._observed: dict[Key, dict[int, _Observed]] = {}
+        self._leftovers: dict[Key, list[int]] = {}
+
+    def new_stats_round(self) -> None:
+        """Start a stats round (the resync loop calls it once per resync interval): a sealed
+        segment's broker is asked for its stats at most once per round."""
+        self.stats_round += 1
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._observed.pop((namespace, name), None)
+        self._leftovers.pop((namespace, name), None)
 
     def lock(self, key: Key) -> asyncio.Lock:
         """Held by whoever mutates the topic (a reconcile pass or an auto-scale operation)."""
@@ -115,6 +152,7 @@ class TopicReconciler:
             metrics.RECONCILES.labels("ok").inc()
         except TopicGone:
             self.cache.drop_topic(namespace, name)
+            self.forget(namespace, name)
             metrics.RECONCILES.labels("gone").inc()
         except Exception:
             metrics.RECONCILES.labels("error").inc()
@@ -126,6 +164,7 @@ class TopicReconciler:
         topic = await self.kube.get_topic(namespace, name)
         if topic is None:
             self.cache.drop_topic(namespace, name)
+            self.forget(namespace, name)
             if self.on_deleted:
                 self.on_deleted(namespace, name)
             return
@@ -160,6 +199,17 @@ class TopicReconciler:
             policy, problem = None, (Reason.INVALID_AUTO_SCALE_POLICY, str(exc))
 
         layout = layout_of(topic)
+        raw_layout = (topic.get("status") or {}).get("layout")
+        if layout is None and raw_layout:
+            # Never act on a layout that does not read: the Segments (and their brokers' data)
+            # not in some stand-in layout would be deleted. A person has to look.
+            try:
+                SegmentLayout.from_metadata(raw_layout)
+                problem_text = "status.layout is not a PIP-468 layout"
+            except (ValueError, TypeError, AttributeError) as exc:
+                problem_text = f"status.layout: {exc}"
+            await self._not_ready(topic, Reason.LAYOUT_INVALID, problem_text, stalled=True)
+            return
         if layout is None:
             topic, layout = await self._initialize(topic, spec)
 
@@ -175,6 +225,7 @@ class TopicReconciler:
 
         topic = await self._manual_request(topic, layout)
         layout = layout_of(topic) or layout
+        topic, layout, look_again = await self._retain(topic, layout, spec)
         previous = get_condition((topic.get("status") or {}).get("conditions"), ConditionType.READY)
         topic = await self._write_status(topic, layout, problem)
         if problem and (
@@ -190,6 +241,8 @@ class TopicReconciler:
             self.policies[(namespace, name)] = policy
         if self.on_reconciled:
             self.on_reconciled(namespace, name, topic)
+        if look_again is not None and self.on_requeue_after is not None:
+            self.on_requeue_after((namespace, name), look_again)
 
     # -- pieces --------------------------------------------------------------------------------
 
@@ -232,16 +285,18 @@ class TopicReconciler:
         self, topic: Body, layout: SegmentLayout, spec: ScalableTopicSpec
     ) -> None:
         """Every segment of the layout exists where it should (Active on its broker, with the
-        spec's subscriptions) or is marked Sealed; Segments no longer in the DAG are deleted."""
+        spec's subscriptions) or is marked Sealed; segments no longer in the DAG are deleted
+        from their brokers and then as resources."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         subscriptions = sorted((s.name, s.type.value) for s in spec.subscriptions)
         wanted = {s for s, _ in subscriptions}
-        buckets = self._buckets(topic, layout, spec)
         existing = self.cache.segments.get((ns, name), {})
-        if len(existing) < len(layout.segments):
+        if any(sid not in existing for sid in layout.segments):
             for body in await self.kube.list_segments(ns, name):
                 self.cache.put_segment(body)
             existing = self.cache.segments.get((ns, name), {})
+        # After the listing: once roots were pruned, bucket counts come from the Segments.
+        buckets = self._buckets(topic, layout, spec)
         pending: list[int] = []
         failures: list[str] = []
         for info in layout.segments.values():
@@ -279,9 +334,40 @@ class TopicReconciler:
                 self.cache.put_segment(updated)
         if failures:
             raise SegmentsUnavailable(pending, "; ".join(failures))
-        for sid in list(existing):
-            if sid not in layout.segments:
-                await self.kube.delete_segment(ns, segment_name(name, sid))
+        await self._remove_orphans(topic, layout)
+
+    async def _remove_orphans(self, topic: Body, layout: SegmentLayout) -> None:
+        """Delete the segments that are no longer in the DAG (pruned, or children of a rolled
+        back operation): on their broker first, then the Segment resource, which is the record of
+        where the data lives until the broker has let go of it. A segment whose broker pod is
+        away is kept (``Reconciling`` says so) and retried on a later pass. Children of an
+        operation in flight are not in the DAG yet and are left alone."""
+        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        operation = (topic.get("status") or {}).get("operation") or {}
+        in_flight = {int(c["id"]) for c in operation.get("children") or [] if "id" in c}
+        leftovers: list[int] = []
+        for sid, seg in sorted(self.cache.segments.get((ns, name), {}).items()):
+            if sid in layout.segments or sid in in_flight:
+                continue
+            url = self.cache.broker_url_of(seg)
+            if recorded_broker(seg) and not url:
+                leftovers.append(sid)
+                continue
+            if url:
+                try:
+                    await self.brokers.delete_segment(url, ns, name, sid)
+                except BrokerError as exc:
+                    log.warning(
+                        "%s/%s: segment %d not deleted from its broker: %s", ns, name, sid, exc
+                    )
+                    leftovers.append(sid)
+                    continue
+            await self.kube.delete_segment(ns, segment_name(name, sid))
+            self.cache.drop_segment(seg)
+        if leftovers:
+            self._leftovers[(ns, name)] = leftovers
+        else:
+            self._leftovers.pop((ns, name), None)
 
     async def _sync_subscriptions(
         self,
@@ -306,6 +392,204 @@ class TopicReconciler:
         )
         self.cache.put_segment(updated)
 
+    # -- retention and controller-observed drains ---------------------------------------------
+
+    async def _retain(
+        self, topic: Body, layout: SegmentLayout, spec: ScalableTopicSpec
+    ) -> tuple[Body, SegmentLayout, float | None]:
+        """Feed drains seen in broker stats to the consumer hub, and prune the sealed segments
+        retention lets go (``core.retention``; docs/operator.md, "Retention and drains").
+
+        Returns the topic, its layout and, when a segment reaches its retention time later, in
+        how many seconds to look again. Broker stats are read only for sealed segments not known
+        to be fully drained, only when a stream subscription still waits for the drain or the
+        retention time has passed, and at most once per stats round (``new_stats_round``).
+        """
+        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        key = (ns, name)
+        observed = self._observed.setdefault(key, {})
+        for sid in [s for s in observed if s not in layout.segments]:
+            del observed[sid]
+        sealed = sorted(
+            (s for s in layout.segments.values() if not s.active),
+            key=lambda s: (s.created_at_epoch, s.segment_id),
+        )
+        status = topic.get("status") or {}
+        if not sealed or status.get("operation"):
+            return topic, layout, None
+        retention = spec.retention.rule() if spec.retention is not None else None
+        now = self.clock()
+        waiting = _hub_drained(status, spec)
+        sealed_at = self._sealed_at(key, sealed)
+        check = self._to_check(key, layout, sealed, sealed_at, waiting, retention, now)
+        if check:
+            await self._check(topic, check, set(waiting))
+            sealed_at = self._sealed_at(key, sealed)
+        if self.on_drained is not None:
+            for info in sealed:
+                seen = observed.get(info.segment_id)
+                if seen is None or seen.drains is None:
+                    continue
+                for sub, done in waiting.items():
+                    if sub in seen.drains.drained and info.segment_id not in done:
+                        self.on_drained(ns, name, sub, info.segment_id)
+        drained = {
+            sid for sid, o in observed.items() if o.drains is not None and o.drains.fully_drained
+        }
+        sizes = {sid: o.drains.size for sid, o in observed.items() if o.drains is not None}
+        if prunable(layout, sealed_at, drained, retention, now, sizes):
+            topic, layout = await self._prune(topic, layout, sealed_at, drained, retention, sizes)
+        deadline = next_expiry(layout, sealed_at, retention, now)
+        return topic, layout, None if deadline is None else deadline - now + 0.1
+
+    def _sealed_at(self, key: Key, sealed: list[SegmentInfo]) -> dict[int, float]:
+        """When each sealed segment was sealed: its Segment's ``status.sealedAt`` (written by the
+        leader once the layout that seals it is committed, so never early), else the seal time
+        its broker reported."""
+        segments = self.cache.segments.get(key, {})
+        observed = self._observed.get(key, {})
+        found: dict[int, float] = {}
+        for info in sealed:
+            raw = ((segments.get(info.segment_id) or {}).get("status") or {}).get("sealedAt")
+            try:
+                found[info.segment_id] = parse_time(str(raw))
+                continue
+            except ValueError:
+                pass
+            seen = observed.get(info.segment_id)
+            if seen is not None and seen.drains is not None and seen.drains.sealed_at is not None:
+                found[info.segment_id] = seen.drains.sealed_at
+        return found
+
+    def _to_check(
+        self,
+        key: Key,
+        layout: SegmentLayout,
+        sealed: list[SegmentInfo],
+        sealed_at: Mapping[int, float],
+        waiting: Mapping[str, set[int]],
+        retention: RetentionRule | None,
+        now: float,
+    ) -> list[int]:
+        """The sealed segments (``sealed`` is parents first) whose broker is asked for stats in
+        this pass: not known to be fully drained, not asked yet in this stats round, and either a
+        stream subscription still waits for its drain, or retention may prune it once it is
+        drained (its time has passed or a size limit is set, and no parent stays behind)."""
+        observed = self._observed.get(key, {})
+        settled = {
+            sid for sid, o in observed.items() if o.drains is not None and o.drains.fully_drained
+        }
+        chosen: list[int] = []
+        for info in sealed:
+            sid = info.segment_id
+            seen = observed.get(sid)
+            if sid in settled or (seen is not None and seen.round >= self.stats_round):
+                continue
+            known = seen.drains.drained if seen is not None and seen.drains is not None else ()
+            feed = any(sid not in done and sub not in known for sub, done in waiting.items())
+            due = retention is not None and (
+                retention.size is not None
+                or (
+                    retention.time is not None
+                    and sid in sealed_at
+                    and now >= sealed_at[sid] + retention.time
+                )
+            )
+            parents_may_go = all(
+                p not in layout.segments or p in settled or p in chosen for p in info.parent_ids
+            )
+            if feed or (due and parents_may_go):
+                chosen.append(sid)
+        return chosen
+
+    async def _check(self, topic: Body, segment_ids: list[int], streams: set[str]) -> None:
+        """Read the stats of ``segment_ids`` from their brokers (a few at a time) and remember
+        them for this round; a broker that cannot answer leaves what was known before."""
+        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        observed = self._observed.setdefault((ns, name), {})
+        segments = self.cache.segments.get((ns, name), {})
+        limit = asyncio.Semaphore(STATS_CONCURRENCY)
+
+        async def one(sid: int) -> None:
+            seg = segments.get(sid)
+            url = self.cache.broker_url_of(seg) if seg is not None else ""
+            previous = observed.get(sid)
+            drains: SegmentDrains | None = None
+            if not url:
+                outcome = "no-broker"
+            else:
+                async with limit:
+                    try:
+                        stats = await self.brokers.stats(url, ns, name, sid)
+                    except BrokerError as exc:
+                        log.info("%s/%s: stats of segment %d: %s", ns, name, sid, exc)
+                        stats, outcome = None, "error"
+                    else:
+                        outcome = "ok" if stats else "missing"
+                if stats:
+                    drains = drains_from_stats(stats)
+            metrics.DRAIN_CHECKS.labels(outcome).inc()
+            before = previous.drains if previous is not None else None
+            if drains is not None:
+                new = (drains.drained & streams) - (before.drained if before else frozenset())
+                if new:
+                    metrics.OBSERVED_DRAINS.labels(ns, name).inc(len(new))
+            observed[sid] = _Observed(self.stats_round, drains if drains is not None else before)
+
+        await asyncio.gather(*(one(sid) for sid in segment_ids))
+
+    async def _prune(
+        self,
+        topic: Body,
+        layout: SegmentLayout,
+        sealed_at: Mapping[int, float],
+        drained: set[int],
+        retention: RetentionRule | None,
+        sizes: Mapping[int, int],
+    ) -> tuple[Body, SegmentLayout]:
+        """CAS the pruned layout (the decision is made again on the layout read for the write),
+        then delete the pruned segments from their brokers and as resources."""
+        meta = topic["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        now = self.clock()
+        pruned: list[SegmentInfo] = []
+
+        def change(status: dict[str, Any], obj: Body) -> None:
+            pruned.clear()
+            current = layout_of(obj)
+            if status.get("operation") or current is None:
+                return
+            new = current
+            for sid in prunable(current, sealed_at, drained, retention, now, sizes):
+                pruned.append(new.segments[sid])
+                new = new.prune(sid)
+            if not pruned:
+                return
+            new.validate()
+            status["layout"] = new.to_metadata()
+            status["epoch"] = new.epoch
+            status["nextSegmentId"] = new.next_segment_id
+            status["activeSegments"] = len(new.active())
+            status["dag"] = render_dag(new)
+
+        topic = await update_topic_status(self.kube, ns, name, change, topic=topic)
+        layout = layout_of(topic) or layout
+        if not pruned:
+            return topic, layout
+        self.cache.put_topic(topic)
+        metrics.PRUNED_SEGMENTS.labels(ns, name).inc(len(pruned))
+        segments = ", ".join(f"#{s.segment_id} {s.hash_range.hex()}" for s in pruned)
+        log.info("%s/%s: pruned %s at epoch %d", ns, name, segments, layout.epoch)
+        await self.event(
+            topic,
+            "Normal",
+            "Pruned",
+            f"pruned {segments} from the DAG (epoch {layout.epoch}): sealed, drained by every "
+            f"subscription, {_describe_retention(retention)}",
+        )
+        await self._remove_orphans(topic, layout)
+        return topic, layout
+
     async def _manual_request(self, topic: Body, layout: SegmentLayout) -> Body:
         annotations = topic["metadata"].get("annotations") or {}
         raw = annotations.get(ANNOTATION_REQUEST)
@@ -323,6 +607,19 @@ class TopicReconciler:
             return topic
         if status.get("operation"):
             return topic
+        handled = handled_request(status, request.id)
+        if handled is not None:
+            return await self._already_handled(topic, handled)
+        # The outcome of this request will replace lastRequest (the protocol's commit writes
+        # only that): the previous one goes into the history first.
+        meta = topic["metadata"]
+        topic = await update_topic_status(
+            self.kube,
+            meta["namespace"],
+            meta["name"],
+            lambda status, obj: remember_request(status),
+            topic=topic,
+        )
         op = request.op.value
         try:
             operation = self.plan(
@@ -393,6 +690,7 @@ class TopicReconciler:
         now = format_time(self.clock())
 
         def change(status: dict[str, Any], obj: Body) -> None:
+            remember_request(status)
             status["lastRequest"] = {
                 "id": request_id,
                 "op": op if op in ("split", "merge") else "split",
@@ -400,11 +698,35 @@ class TopicReconciler:
                 "message": message[:1024],
                 "completedAt": now,
             }
+            remember_request(status)
 
         topic = await update_topic_status(
             self.kube, meta["namespace"], meta["name"], change, topic=topic
         )
         await self.event(topic, "Warning", "RequestRejected", f"request {request_id}: {message}")
+        return topic
+
+    async def _already_handled(self, topic: Body, handled: Mapping[str, Any]) -> Body:
+        """A request id found in the history was applied again: it is not executed again, and
+        ``lastRequest`` reports it with its original outcome (which also keeps later passes from
+        reporting it twice)."""
+        meta = topic["metadata"]
+        request_id = str(handled.get("id"))
+        result = str(handled.get("result") or "")
+        when = handled.get("completedAt") or "an unknown time"
+        note = f"already handled ({result} at {when}), not executed again"
+
+        def change(status: dict[str, Any], obj: Body) -> None:
+            remember_request(status)
+            message = f"{note}: {handled.get('message') or ''}".rstrip(": ")
+            status["lastRequest"] = {**dict(handled), "message": message[:1024]}
+
+        topic = await update_topic_status(
+            self.kube, meta["namespace"], meta["name"], change, topic=topic
+        )
+        await self.event(
+            topic, "Normal", "RequestAlreadyHandled", f"request {request_id} was {note}"
+        )
         return topic
 
     async def _not_ready(
@@ -468,6 +790,13 @@ class TopicReconciler:
                 }[operation["kind"]],
                 f"{operation['kind']} {operation['id']} at phase {operation['phase']}",
             )
+        elif self._leftovers.get((ns, name)):
+            reconciling = (
+                True,
+                Reason.PRUNING,
+                f"segments {self._leftovers[(ns, name)]} left the DAG and wait for their "
+                "broker pods to be deleted there",
+            )
         else:
             reconciling = (False, Reason.IDLE, "")
         active = layout.active()
@@ -508,6 +837,7 @@ class TopicReconciler:
             status["controller"] = {**previous, **controller}
             if previous.get("pod") != controller.get("pod") or not previous.get("since"):
                 status["controller"]["since"] = format_time(self.clock())
+            remember_request(status)
 
         return await update_topic_status(self.kube, ns, name, change, topic=topic)
 
@@ -516,6 +846,7 @@ class TopicReconciler:
         ns, name = meta["namespace"], meta["name"]
         if FINALIZER not in (meta.get("finalizers") or []):
             return
+        self.forget(ns, name)
         segments = await self.kube.list_segments(ns, name)
         for seg in segments:
             url = self.cache.broker_url_of(seg)
@@ -545,3 +876,28 @@ def _loose_id(raw: str) -> str:
     except json.JSONDecodeError:
         return "invalid"
     return str(data.get("id", "invalid")) if isinstance(data, dict) else "invalid"
+
+
+def _hub_drained(status: Mapping[str, Any], spec: ScalableTopicSpec) -> dict[str, set[int]]:
+    """Stream subscription of the spec → the sealed segments the consumer hub has recorded as
+    drained (``status.subscriptions``). A subscription without an entry yet is left out: the hub
+    counts every sealed segment as drained for a new subscription."""
+    streams = {s.name for s in spec.subscriptions if s.type is SubscriptionType.STREAM}
+    found: dict[str, set[int]] = {}
+    for entry in status.get("subscriptions") or []:
+        if not isinstance(entry, Mapping) or entry.get("name") not in streams:
+            continue
+        done = entry.get("drainedSegments") or []
+        found[str(entry["name"])] = {int(i) for i in done if isinstance(i, int)}
+    return found
+
+
+def _describe_retention(retention: RetentionRule | None) -> str:
+    if retention is None:
+        return "no retention"
+    parts = []
+    if retention.time is not None:
+        parts.append(f"retention time {format_duration(retention.time)} passed")
+    if retention.size is not None:
+        parts.append(f"retention size {retention.size} bytes")
+    return " or ".join(parts)

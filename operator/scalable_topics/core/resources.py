@@ -50,6 +50,7 @@ from .policy import (
     parse_quantity,
     resolve,
 )
+from .retention import RetentionRule
 
 __all__ = [
     "ANNOTATION_REQUEST",
@@ -70,6 +71,7 @@ __all__ = [
     "MAX_TOPIC_NAME",
     "QUANTITY_PATTERN",
     "REASON_PATTERN",
+    "REQUEST_HISTORY",
     "SEGMENT_KIND",
     "SEGMENT_PLURAL",
     "SEGMENT_SHORT_NAMES",
@@ -116,12 +118,14 @@ __all__ = [
     "condition",
     "format_time",
     "get_condition",
+    "handled_request",
     "parse_manual_request",
     "parse_segment",
     "parse_segment_spec",
     "parse_time",
     "parse_topic",
     "parse_topic_spec",
+    "remember_request",
     "segment_labels",
     "segment_manifest",
     "segment_name",
@@ -677,16 +681,23 @@ class SubscriptionSpec(_Spec):
 
 
 class Retention(_Spec):
-    """When sealed, fully drained segments are pruned. Unset: kept until drained only."""
+    """When sealed segments that every subscription has consumed are pruned from the DAG and
+    deleted (``core.retention``). Without retention, or with neither field set, sealed segments
+    are kept. With both fields set, either limit prunes."""
 
     time: Duration | None = Field(
-        None, description="Prune a drained sealed segment this long after it was sealed."
+        None,
+        description="Prune a drained sealed segment this long after it was sealed (0: as soon "
+        "as every subscription has drained it).",
     )
     size: Quantity | None = Field(
         None,
         description="Prune the oldest drained sealed segments while their total stored size "
         "exceeds this (bytes, or e.g. 10Gi).",
     )
+
+    def rule(self) -> RetentionRule:
+        return RetentionRule(time=self.time, size=int(self.size) if self.size is not None else None)
 
 
 class ScalableTopicSpec(_Spec):
@@ -860,8 +871,13 @@ class OperationStatus(_Status):
     started_at: Timestamp | None = Field(None, description="When the operation was recorded.")
 
 
+REQUEST_HISTORY = 16
+"""How many handled manual request ids ``status.recentRequests`` keeps (an id older than that
+would be executed again)."""
+
+
 class LastRequest(_Status):
-    """Outcome of the last manual request (annotation scalabletopics.io/request)."""
+    """Outcome of a manual request (annotation scalabletopics.io/request)."""
 
     id: str = Field(description="The request's id.")
     op: ManualRequestOp = Field(description="split or merge.")
@@ -924,6 +940,13 @@ class ScalableTopicStatus(_Status):
     last_merge_at: Timestamp | None = Field(None, description="When the last merge completed.")
     operation: OperationStatus | None = Field(None, description="Operation in flight.")
     last_request: LastRequest | None = Field(None, description="Last manual request's outcome.")
+    recent_requests: list[LastRequest] = Field(
+        default_factory=list,
+        max_length=REQUEST_HISTORY,
+        description="The last handled manual requests, oldest first: an id listed here is never "
+        "executed again.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["id"]},
+    )
     recommendation: Recommendation | None = Field(None, description="Recommender output.")
 
     def condition(self, type: str) -> Condition | None:
@@ -1117,6 +1140,40 @@ def parse_manual_request(text: str | None) -> ManualRequest:
     except json.JSONDecodeError as exc:
         raise ResourceValidationError(what, [("", f"not JSON: {exc}")]) from None
     return _validate(ManualRequest, data, what, "")
+
+
+def handled_request(status: Mapping[str, Any], request_id: str) -> dict[str, Any] | None:
+    """The recorded outcome of manual request ``request_id`` if the topic already handled it
+    (``status.lastRequest`` or one of ``status.recentRequests``), else ``None``."""
+    last = status.get("lastRequest")
+    if isinstance(last, Mapping) and last.get("id") == request_id:
+        return dict(last)
+    for entry in status.get("recentRequests") or []:
+        if isinstance(entry, Mapping) and entry.get("id") == request_id:
+            return dict(entry)
+    return None
+
+
+def remember_request(status: dict[str, Any], limit: int = REQUEST_HISTORY) -> None:
+    """Fold ``status.lastRequest`` into ``status.recentRequests`` (in place): appended when its
+    id is not there yet, oldest entries dropped beyond ``limit``. Whoever records an outcome in
+    ``lastRequest`` only (the split/merge protocol's commit) is caught up by the next call, which
+    the leader makes before it starts any other request."""
+    last = status.get("lastRequest")
+    if not isinstance(last, Mapping) or not last.get("id"):
+        return
+    history = [
+        dict(e)
+        for e in status.get("recentRequests") or []
+        if isinstance(e, Mapping) and e.get("id")
+    ]
+    if any(e["id"] == last["id"] for e in history):
+        return
+    entry = {k: last[k] for k in ("id", "op", "result", "message", "completedAt") if k in last}
+    if isinstance(entry.get("message"), str):
+        entry["message"] = entry["message"][:256]
+    history.append(entry)
+    status["recentRequests"] = history[-limit:]
 
 
 def segment_name(topic: str, segment_id: int) -> str:
