@@ -28,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from scalable_topics.brokeradmin import AdminError, SegmentAdmin
 from scalable_topics.core import wire
 from scalable_topics.core.hashing import bucket_hash
 from scalable_topics.core.wire import EntryHeader, Message
@@ -136,12 +137,6 @@ class EntryRejectedError(SegmentError):
         self.sequence_id = sequence_id
 
 
-class AdminError(SegmentError):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(code, message)
-        self.status = status
-
-
 def _error_from(body: Mapping[str, Any], close_code: int | None) -> SegmentError:
     code = str(body.get("code", "Closed"))
     message = str(body.get("message", f"closed with code {close_code}"))
@@ -160,15 +155,6 @@ def _ws_base(url: str) -> str:
         return "ws://" + url[7:]
     if url.startswith("https://"):
         return "wss://" + url[8:]
-    return url
-
-
-def _http_base(url: str) -> str:
-    url = url.rstrip("/")
-    if url.startswith("ws://"):
-        return "http://" + url[5:]
-    if url.startswith("wss://"):
-        return "https://" + url[6:]
     return url
 
 
@@ -859,146 +845,3 @@ async def _cancel_and_wait(task: asyncio.Task[Any]) -> None:
 def _ignore_result(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-# --- admin ---------------------------------------------------------------------------------------
-
-
-class SegmentAdmin:
-    """Admin HTTP client of one broker."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        token: str | None = None,
-        session: aiohttp.ClientSession | None = None,
-        timeout: float = 30.0,
-    ) -> None:
-        self.base = _http_base(url) + "/admin/v1/segments"
-        self._session = _Session(session)
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-
-    async def _call(
-        self, method: str, path: str, body: Mapping[str, Any] | None = None
-    ) -> tuple[int, dict[str, Any]]:
-        async with self._session.session.request(
-            method,
-            self.base + path,
-            json=body,
-            headers=self._headers,
-            timeout=self._timeout,
-        ) as resp:
-            try:
-                data = await resp.json(content_type=None)
-            except (ValueError, aiohttp.ContentTypeError):
-                data = {"error": {"code": "BadResponse", "message": await resp.text()}}
-            if resp.status >= 400:
-                err = data.get("error", {}) if isinstance(data, dict) else {}
-                raise AdminError(
-                    resp.status, str(err.get("code", "Error")), str(err.get("message", ""))
-                )
-            return resp.status, data
-
-    @staticmethod
-    def _path(namespace: str, topic: str, segment_id: int) -> str:
-        return f"/{namespace}/{topic}/{segment_id}"
-
-    async def create_segment(
-        self,
-        namespace: str,
-        topic: str,
-        segment_id: int,
-        start: int,
-        end: int,
-        *,
-        buckets: int = 1,
-        subscriptions: Mapping[str, str] | None = None,
-        retention: Mapping[str, int | None] | None = None,
-        writable: bool = True,
-    ) -> dict[str, Any]:
-        """Create (idempotently) a segment with cursors at position 0; returns its stats.
-        ``writable=False`` creates it fenced until :meth:`activate`."""
-        body: dict[str, Any] = {
-            "range": {"start": start, "end": end},
-            "buckets": buckets,
-            "subscriptions": [{"name": n, "type": t} for n, t in (subscriptions or {}).items()],
-            "writable": writable,
-        }
-        if retention is not None:
-            body["retention"] = dict(retention)
-        _, data = await self._call("PUT", self._path(namespace, topic, segment_id), body)
-        return data
-
-    async def terminate(
-        self, namespace: str, topic: str, segment_id: int, successors: Sequence[Successor] = ()
-    ) -> dict[str, Any]:
-        """Seal (idempotent). Returns ``{"sealed", "lastPosition", "successors", "sealedAt"}``."""
-        _, data = await self._call(
-            "POST",
-            self._path(namespace, topic, segment_id) + "/terminate",
-            {"successors": [s.to_json() for s in successors]},
-        )
-        return data
-
-    async def activate(self, namespace: str, topic: str, segment_id: int) -> dict[str, Any]:
-        """Lift a fenced segment's fence (idempotent); returns its summary."""
-        _, data = await self._call("POST", self._path(namespace, topic, segment_id) + "/activate")
-        return data
-
-    async def delete_segment(self, namespace: str, topic: str, segment_id: int) -> bool:
-        try:
-            await self._call("DELETE", self._path(namespace, topic, segment_id))
-        except AdminError as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
-
-    async def stats(self, namespace: str, topic: str, segment_id: int) -> dict[str, Any]:
-        _, data = await self._call("GET", self._path(namespace, topic, segment_id))
-        return data
-
-    async def list_segments(self) -> list[dict[str, Any]]:
-        _, data = await self._call("GET", "")
-        return list(data["segments"])
-
-    async def create_subscription(
-        self,
-        namespace: str,
-        topic: str,
-        segment_id: int,
-        name: str,
-        sub_type: str = "Exclusive",
-        *,
-        initial_position: str = "earliest",
-    ) -> dict[str, Any]:
-        _, data = await self._call(
-            "PUT",
-            self._path(namespace, topic, segment_id) + f"/subscriptions/{name}",
-            {"type": sub_type, "initialPosition": initial_position},
-        )
-        return data
-
-    async def delete_subscription(
-        self, namespace: str, topic: str, segment_id: int, name: str
-    ) -> bool:
-        try:
-            await self._call(
-                "DELETE", self._path(namespace, topic, segment_id) + f"/subscriptions/{name}"
-            )
-        except AdminError as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
-
-    async def close(self) -> None:
-        await self._session.close()
-
-    async def __aenter__(self) -> SegmentAdmin:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()

@@ -48,7 +48,7 @@ from ..core.resources import (
     segment_name,
 )
 from . import metrics
-from .brokers import BrokerAdmin, BrokerError, Successor, choose_broker
+from .brokers import BrokerAdmin, Successor, broker_unavailable, choose_broker
 from .cache import ANNOTATION_BROKER, TopicCache, layout_of, recorded_broker
 from .kube import Body, KubeApi
 from .status import update_topic_status
@@ -250,7 +250,7 @@ class OperationExecutor:
             url = urls.get(parent)
             if not url:
                 continue
-            stats = await self.brokers.stats(url, ns, name, parent)
+            stats = await self.brokers.at(url).find_stats(ns, name, parent)
             for sub, info in ((stats or {}).get("subscriptions") or {}).items():
                 if sub not in found:
                     kind = str((info or {}).get("type", "Exclusive"))
@@ -262,16 +262,14 @@ class OperationExecutor:
 
         A segment never moves: its log lives on its broker's volume, and a StatefulSet pod
         comes back with the same name and volume. While the recorded pod is away this raises
-        ``BrokerError`` (the topic waits, ``BrokersUnavailable``) instead of placing the segment
+        ``AdminError`` (the topic waits, ``BrokersUnavailable``) instead of placing the segment
         again, empty, somewhere else."""
         recorded = recorded_broker(existing) if existing is not None else None
         if recorded:
             pod = self.cache.brokers.get(recorded)
             if pod is None:
-                raise BrokerError(
-                    "?",
-                    f"broker pod {recorded} of segment {segment_id} is not running",
-                    code="BrokerAway",
+                raise broker_unavailable(
+                    f"broker pod {recorded} of segment {segment_id} is not running", "BrokerAway"
                 )
             return pod.name, pod.url
         choice = choose_broker(self.cache.brokers.values(), self.cache.broker_load())
@@ -319,19 +317,20 @@ class OperationExecutor:
                 topic, "Normal", "Placed", f"segment #{segment_id} {hash_range.hex()} on {pod}"
             )
         retention = broker_retention(topic)
-        on_broker = await self.brokers.create_segment(
-            url,
+        admin = self.brokers.at(url)
+        on_broker = await admin.create_segment(
             ns,
             name,
             segment_id,
-            hash_range,
+            hash_range.start,
+            hash_range.end,
             subscriptions=subscriptions,
             buckets=buckets,
             retention=retention,
             writable=writable,
         )
         if writable and on_broker.get("writable") is False:
-            await self.brokers.activate(url, ns, name, segment_id)
+            await admin.activate(ns, name, segment_id)
         status = created.get("status") or {}
         current = status.get("state")
         wanted: dict[str, Any] = {
@@ -374,8 +373,8 @@ class OperationExecutor:
             ]
             url = urls.get(parent)
             if not url:
-                raise BrokerError("?", f"segment {parent} has no broker recorded")
-            seals.append(self.brokers.terminate(url, ns, name, parent, successors))
+                raise broker_unavailable(f"segment {parent} has no broker recorded")
+            seals.append(self.brokers.at(url).terminate(ns, name, parent, successors))
         await _all(seals)
 
     async def _activate_children(self, topic: Body, operation: Operation) -> None:
@@ -386,8 +385,8 @@ class OperationExecutor:
         for child in operation.children:
             url = urls.get(child.segment_id)
             if not url:
-                raise BrokerError("?", f"segment {child.segment_id} has no broker recorded")
-            activations.append(self.brokers.activate(url, ns, name, child.segment_id))
+                raise broker_unavailable(f"segment {child.segment_id} has no broker recorded")
+            activations.append(self.brokers.at(url).activate(ns, name, child.segment_id))
         await _all(activations)
 
     async def _record_phase(self, topic: Body, operation: Operation) -> Body:
@@ -468,7 +467,7 @@ class OperationExecutor:
             url = urls.get(parent)
             if not url:
                 continue
-            stats = await self.brokers.stats(url, ns, name, parent)
+            stats = await self.brokers.at(url).find_stats(ns, name, parent)
             if stats and stats.get("sealed"):
                 return True
         return False
@@ -481,7 +480,7 @@ class OperationExecutor:
             existing = segments.get(child.segment_id)
             url = self.cache.broker_url_of(existing) if existing is not None else ""
             if url:
-                await self.brokers.delete_segment(url, ns, name, child.segment_id)
+                await self.brokers.at(url).delete_segment(ns, name, child.segment_id)
             await self.kube.delete_segment(ns, segment_name(name, child.segment_id))
         now = format_time(self.clock())
 

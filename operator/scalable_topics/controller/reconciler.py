@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..brokeradmin import AdminError
 from ..core.buckets import initial_layout_buckets, layout_buckets
 from ..core.dagview import render_dag
 from ..core.layout import SegmentInfo, SegmentLayout
@@ -41,7 +42,7 @@ from ..core.resources import (
 )
 from ..core.retention import RetentionRule, SegmentDrains, drains_from_stats, next_expiry, prunable
 from . import metrics
-from .brokers import BrokerAdmin, BrokerError
+from .brokers import BrokerAdmin
 from .cache import TopicCache, layout_of, recorded_broker
 from .kube import Body, KubeApi
 from .protocol import NoBrokerAvailable, OperationExecutor, OperationRejected
@@ -319,7 +320,7 @@ class TopicReconciler:
                             subscriptions,
                             state="Active",
                         )
-                    except BrokerError as exc:
+                    except AdminError as exc:
                         pending.append(info.segment_id)
                         failures.append(str(exc))
                         continue
@@ -355,8 +356,8 @@ class TopicReconciler:
                 continue
             if url:
                 try:
-                    await self.brokers.delete_segment(url, ns, name, sid)
-                except BrokerError as exc:
+                    await self.brokers.at(url).delete_segment(ns, name, sid)
+                except AdminError as exc:
                     log.warning(
                         "%s/%s: segment %d not deleted from its broker: %s", ns, name, sid, exc
                     )
@@ -384,9 +385,9 @@ class TopicReconciler:
         wanted = dict(subscriptions)
         for sub, type_ in subscriptions:
             if sub not in have:
-                await self.brokers.create_subscription(url, ns, name, segment_id, sub, type_)
+                await self.brokers.at(url).create_subscription(ns, name, segment_id, sub, type_)
         for sub in have - set(wanted):
-            await self.brokers.delete_subscription(url, ns, name, segment_id, sub)
+            await self.brokers.at(url).delete_subscription(ns, name, segment_id, sub)
         updated = await self.kube.patch_segment_status(
             ns, segment_name(name, segment_id), {"subscriptions": sorted(wanted)}
         )
@@ -520,8 +521,8 @@ class TopicReconciler:
             else:
                 async with limit:
                     try:
-                        stats = await self.brokers.stats(url, ns, name, sid)
-                    except BrokerError as exc:
+                        stats = await self.brokers.at(url).find_stats(ns, name, sid)
+                    except AdminError as exc:
                         log.info("%s/%s: stats of segment %d: %s", ns, name, sid, exc)
                         stats, outcome = None, "error"
                     else:
@@ -852,7 +853,7 @@ class TopicReconciler:
             url = self.cache.broker_url_of(seg)
             sid = int(seg["spec"]["segmentId"])
             if url:
-                await self.brokers.delete_segment(url, ns, name, sid)
+                await self.brokers.at(url).delete_segment(ns, name, sid)
             await self.kube.delete_segment(ns, seg["metadata"]["name"])
         await self.kube.patch_topic(
             ns,
