@@ -8,17 +8,23 @@ Dispatch state lives in memory; only the cursor is persisted:
 * ``pending`` per consumer — delivered, not yet acknowledged. When a consumer detaches (or
   negatively acknowledges), its pending entries go back to a *lane* for redelivery to the next
   consumer, ahead of new entries, in position order.
-* *lanes* — positions waiting for redelivery. Exclusive and Queue subscriptions have one lane.
-  KeyShared subscriptions have one lane per entry bucket (and one for unkeyed entries): an
-  entry whose bucket's owner is absent or out of permits is parked in its bucket's lane, and
-  every later entry of that bucket queues behind it, so per-bucket (hence per-key) order holds
-  while other buckets keep flowing. Parking is bounded (``max_parked``); beyond it dispatch
-  waits.
+* *lanes* — positions waiting for redelivery. Round-robin dispatch has one lane. Keyed
+  dispatch has one lane per entry bucket (and one for unkeyed entries): an entry whose bucket's
+  owner is absent or out of permits is parked in its bucket's lane, and every later entry of
+  that bucket queues behind it, so per-bucket (hence per-key) order holds while other buckets
+  keep flowing. Parking is bounded (``max_parked``); beyond it dispatch waits.
 
 Subscription types: Exclusive (one consumer; the SDK's stream and checkpoint consumers),
-Queue (any number of consumers, entries round-robin among those with permits), KeyShared
-(PIP-486: an entry goes only to the consumer owning the bucket of its ``hashB`` minimum;
-bucket boundaries ``i * 65536 // N``).
+KeyShared (PIP-486: an entry goes only to the consumer owning the bucket of its ``hashB``
+minimum; bucket boundaries ``i * 65536 // N``), and Queue, whose dispatch follows its
+consumers: consumers naming buckets make it keyed like KeyShared (the SDK's queue consumers,
+which the controller assigns disjoint buckets), consumers naming none make it round-robin by
+entry among those with permits. The two kinds never share a Queue subscription of a segment
+at once: a consumer of the other kind is refused (``BucketConflict``) until the attached ones
+are gone, and the parked entries are re-sorted into the new kind's lanes when it switches.
+A bucket has one owner at a time, so a bucket moves to a new consumer only once its previous
+owner has detached; what that owner had not acknowledged is redelivered first, in position
+order.
 """
 
 from __future__ import annotations
@@ -90,6 +96,8 @@ class Dispatcher:
         self.owners: dict[int, Consumer] = {}
         self.lanes: dict[int, list[int]] = {}
         self.parked = 0
+        self.keyed = cursor.type is SubscriptionType.KEY_SHARED
+        """Entries go to their bucket's owner (KeyShared, or a Queue with bucket owners)."""
         self.redeliveries: dict[int, int] = {}
         self.next_read = cursor.next_unacked(cursor.ack_floor)
         self._rr = 0
@@ -108,7 +116,7 @@ class Dispatcher:
                     f"subscription {self.cursor.name!r} already has consumer "
                     f"{self.consumers[0].name!r}",
                 )
-        elif self.type is SubscriptionType.KEY_SHARED:
+        elif self.type is SubscriptionType.KEY_SHARED or buckets is not None:
             if buckets is None:
                 if n != 1:
                     raise DispatchError(
@@ -125,6 +133,8 @@ class Dispatcher:
                     "BucketConflict",
                     f"buckets {taken} are owned by {self.owners[taken[0]].name!r}",
                 )
+        if self.type is SubscriptionType.QUEUE:
+            self._check_kind(owned is not None)
         consumer = Consumer(name, owned, sink)
         self.consumers.append(consumer)
         if owned:
@@ -133,6 +143,33 @@ class Dispatcher:
         self._check_end(consumer)
         self.schedule()
         return consumer
+
+    def _check_kind(self, keyed: bool) -> None:
+        """A Queue subscription is keyed or round-robin, as its attached consumers are."""
+        if not self.consumers:
+            self._set_keyed(keyed)
+        elif keyed != self.keyed:
+            mine, theirs = ("bucket", "round-robin") if keyed else ("round-robin", "bucket")
+            raise DispatchError(
+                "BucketConflict",
+                f"subscription {self.cursor.name!r} is consumed by {theirs} consumers; a "
+                f"{mine} consumer can attach once they are gone",
+            )
+
+    def _set_keyed(self, keyed: bool) -> None:
+        """Switch dispatch kind; parked entries move to the new kind's lanes (every consumer
+        has detached, so whatever was delivered and not acknowledged is parked)."""
+        if keyed == self.keyed:
+            return
+        self.keyed = keyed
+        parked = sorted(p for positions in self.lanes.values() for p in positions)
+        self.lanes = {}
+        for p in parked:
+            lane = 0
+            if keyed:
+                entry = self.segment.read_one(p)
+                lane = UNKEYED_LANE if entry is None else self._lane_of(entry)
+            self.lanes.setdefault(lane, []).append(p)
 
     def detach(self, consumer: Consumer) -> None:
         if consumer not in self.consumers:
@@ -215,7 +252,7 @@ class Dispatcher:
             self.schedule()
 
     def _target(self, lane: int) -> Consumer | None:
-        if self.type is SubscriptionType.KEY_SHARED and lane != UNKEYED_LANE:
+        if self.keyed and lane != UNKEYED_LANE:
             owner = self.owners.get(lane)
             return owner if owner is not None and owner.permits > 0 else None
         consumers = self.consumers
@@ -228,7 +265,7 @@ class Dispatcher:
         return None
 
     def _lane_of(self, entry: Any) -> int:
-        if self.type is not SubscriptionType.KEY_SHARED:
+        if not self.keyed:
             return 0
         hb = entry_bucket_hash(entry)
         if hb is None:
@@ -282,7 +319,7 @@ class Dispatcher:
                 del self.lanes[lane]
 
         more = False
-        key_shared = self.type is SubscriptionType.KEY_SHARED
+        key_shared = self.keyed
         stop = False
         while not stop and self.next_read <= seg.visible_position:
             if budget <= 0:
@@ -336,6 +373,7 @@ class Dispatcher:
     def stats(self) -> dict[str, Any]:
         return {
             "type": self.type.value,
+            "keyed": self.keyed,
             "ackFloor": self.cursor.ack_floor,
             "backlog": self.segment.backlog(self.cursor),
             "drained": self.segment.drained(self.cursor),

@@ -258,7 +258,7 @@ async def _wait_dag(url: str, within: float) -> None:
         await asyncio.sleep(0.2)
 
 
-async def _service_url(stack: Stack) -> str:
+async def service_url(stack: Stack) -> str:
     """The clients' service URL: a replica that is *not* the leader serves their DAG watches
     (as a Service would route to any replica), so the leader's kill tests fail-over alone."""
     leader = await stack.leader()
@@ -286,7 +286,7 @@ async def run_chaos(tmp_path: Path, config: ChaosConfig | None = None) -> ChaosR
 async def _run(stack: Stack, tmp_path: Path, config: ChaosConfig) -> ChaosResult:
     recorder = Recorder({STREAM_SUB: True, QUEUE_SUB: config.queue_ordered})
     clock = recorder.clock
-    url = await _service_url(stack)
+    url = await service_url(stack)
     await _wait_dag(url, config.settle_within)
     nemesis = Nemesis(stack, recorder, TOPIC, NAMESPACE)
 

@@ -1,7 +1,8 @@
 """Dispatcher properties under random consumer behaviour (attach, detach, permits, acks, nacks)
-over a real segment: no entry is held by two consumers at once, KeyShared entries only reach
-their bucket's owner and each bucket is delivered in position order within a consumer, and once
-everyone behaves every entry is acknowledged."""
+over a real segment: no entry is held by two consumers at once, keyed entries (KeyShared, or a
+Queue subscription whose consumers name buckets) only reach their bucket's owner and each bucket
+is delivered in position order within a consumer, and once everyone behaves every entry is
+acknowledged. A Queue subscription is keyed or round-robin as its consumers are, never both."""
 
 from __future__ import annotations
 
@@ -77,20 +78,36 @@ ops = st.lists(
 )
 
 
-@pytest.mark.parametrize("sub_type", list(SubscriptionType))
+MODES = [
+    (SubscriptionType.EXCLUSIVE, False),
+    (SubscriptionType.QUEUE, False),
+    (SubscriptionType.QUEUE, True),
+    (SubscriptionType.KEY_SHARED, True),
+]
+
+
+@pytest.mark.parametrize(("sub_type", "keyed"), MODES)
 @settings(max_examples=60, deadline=None)
 @given(operations=ops)
 def test_dispatch_invariants(
-    segment: Segment, sub_type: SubscriptionType, operations: list[tuple[str, int, int]]
+    segment: Segment,
+    sub_type: SubscriptionType,
+    keyed: bool,
+    operations: list[tuple[str, int, int]],
 ) -> None:
-    asyncio.run(_scenario(segment, sub_type, operations))
+    asyncio.run(_scenario(segment, sub_type, keyed, operations))
 
 
 async def _scenario(
-    seg: Segment, sub_type: SubscriptionType, operations: list[tuple[str, int, int]]
+    seg: Segment, sub_type: SubscriptionType, keyed: bool, operations: list[tuple[str, int, int]]
 ) -> None:
     cursor = Cursor(name="s", type=sub_type)
     disp = Dispatcher(seg, cursor, max_parked=50)
+    ordered = keyed or sub_type is SubscriptionType.EXCLUSIVE
+
+    def buckets(idx: int) -> list[int] | None:
+        return [idx] if keyed or sub_type is SubscriptionType.EXCLUSIVE else None
+
     live: dict[int, tuple[Consumer, Sink]] = {}
     acked: set[int] = set()
 
@@ -104,13 +121,13 @@ async def _scenario(
             seen: set[int] = set()
             for pos, _, _ in sink.items:
                 b = _bucket(seg, pos)
-                if sub_type is SubscriptionType.KEY_SHARED and b >= 0:
+                if keyed and b >= 0:
                     assert c.buckets is not None and b in c.buckets
-                if sub_type is not SubscriptionType.QUEUE and pos not in seen:
+                if ordered and pos not in seen:
                     # What a consumer gets for the first time (new, parked, or inherited from
                     # a detached consumer) arrives in position order per bucket; only its own
                     # nacked entries come back out of order.
-                    lane = b if sub_type is SubscriptionType.KEY_SHARED else 0
+                    lane = b if keyed else 0
                     assert pos > last.get(lane, -1), f"bucket {lane} out of order at {pos}"
                     last[lane] = pos
                 seen.add(pos)
@@ -120,7 +137,7 @@ async def _scenario(
         if op == "attach" and entry is None:
             sink = Sink()
             try:
-                c = disp.attach(f"c{idx}", [idx], sink)
+                c = disp.attach(f"c{idx}", buckets(idx), sink)
             except DispatchError:
                 assert sub_type is SubscriptionType.EXCLUSIVE and live
                 continue
@@ -157,7 +174,7 @@ async def _scenario(
     owners = [0] if sub_type is SubscriptionType.EXCLUSIVE else list(range(BUCKETS))
     for idx in owners:
         sink = Sink()
-        live[idx] = (disp.attach(f"final{idx}", [idx], sink), sink)
+        live[idx] = (disp.attach(f"final{idx}", buckets(idx), sink), sink)
         disp.flow(live[idx][0], 10_000)
     async with asyncio.timeout(10):
         while cursor.ack_floor < ENTRIES:
@@ -167,3 +184,86 @@ async def _scenario(
                 if c.pending:
                     disp.ack(c, list(c.pending), cumulative=False)
     assert disp.parked == 0 and not disp.lanes
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_queue_is_keyed_or_round_robin_as_its_consumers_are(segment: Segment) -> None:
+    disp = Dispatcher(segment, Cursor(name="q", type=SubscriptionType.QUEUE))
+    keyed = disp.attach("k", [0, 1], Sink())
+    assert disp.keyed
+    with pytest.raises(DispatchError) as info:
+        disp.attach("rr", None, Sink())
+    assert info.value.code == "BucketConflict"
+    with pytest.raises(DispatchError) as info:
+        disp.attach("k2", [1, 2], Sink())
+    assert info.value.code == "BucketConflict"
+    disp.detach(keyed)
+    rr = disp.attach("rr", None, Sink())
+    assert not disp.keyed and rr.buckets is None
+    with pytest.raises(DispatchError) as info:
+        disp.attach("k", [0], Sink())
+    assert info.value.code == "BucketConflict"
+    assert disp.stats()["keyed"] is False
+
+
+async def test_switching_kind_sorts_parked_entries_into_bucket_lanes(segment: Segment) -> None:
+    """Entries a round-robin consumer held unacknowledged go, once the subscription turns
+    keyed, only to their bucket's owner, first and in position order."""
+    disp = Dispatcher(segment, Cursor(name="q", type=SubscriptionType.QUEUE))
+    rr_sink = Sink()
+    rr = disp.attach("rr", None, rr_sink)
+    disp.flow(rr, 40)
+    await _settle()
+    held = [pos for pos, _, _ in rr_sink.items]
+    assert held == list(range(40))
+    disp.detach(rr)
+    assert disp.parked == 40 and set(disp.lanes) == {0}
+    sinks = {b: Sink() for b in range(BUCKETS)}
+    for b, sink in sinks.items():
+        disp.flow(disp.attach(f"k{b}", [b], sink), 200)
+    assert disp.keyed
+    await _settle()
+    unkeyed = []
+    for b, sink in sinks.items():
+        positions = [pos for pos, _, _ in sink.items]
+        for pos in positions:
+            bucket = _bucket(segment, pos)
+            assert bucket in (b, -1)
+        mine = [pos for pos in positions if _bucket(segment, pos) == b]
+        assert mine == sorted(mine), f"bucket {b} out of order"
+        redelivered = [pos for pos, count, _ in sink.items if count and _bucket(segment, pos) == b]
+        assert redelivered == [pos for pos in held if _bucket(segment, pos) == b]
+        unkeyed += [pos for pos in positions if _bucket(segment, pos) == -1]
+    assert sorted(unkeyed) == [pos for pos in range(ENTRIES) if pos % 7 == 0]
+    assert sum(len(s.items) for s in sinks.values()) == ENTRIES
+
+
+async def test_a_bucket_changes_owner_only_once_the_owner_let_go(segment: Segment) -> None:
+    disp = Dispatcher(segment, Cursor(name="q", type=SubscriptionType.QUEUE))
+    first_sink = Sink()
+    first = disp.attach("first", [0, 1, 2, 3], first_sink)
+    disp.flow(first, 30)
+    await _settle()
+    taken = [pos for pos, _, _ in first_sink.items]
+    disp.ack(first, taken[:10], cumulative=False)
+    with pytest.raises(DispatchError) as info:
+        disp.attach("second", [3], Sink())
+    assert info.value.code == "BucketConflict"
+    disp.detach(first)
+    second_sink = Sink()
+    second = disp.attach("second", [3], second_sink)
+    disp.flow(second, 200)
+    await _settle()
+    got = [(pos, count) for pos, count, _ in second_sink.items if _bucket(segment, pos) == 3]
+    inherited = [pos for pos in taken[10:] if _bucket(segment, pos) == 3]
+    assert [pos for pos, _ in got[: len(inherited)]] == inherited
+    assert all(count == 1 for _, count in got[: len(inherited)])
+    positions = [pos for pos, _ in got]
+    assert positions == sorted(positions)
+    assert set(positions) == {
+        pos for pos in range(ENTRIES) if _bucket(segment, pos) == 3 and pos not in taken[:10]
+    }

@@ -73,7 +73,7 @@ class Replica:
 
     def coordinator(self) -> SubscriptionCoordinator:
         coordinator = self.hub.coordinator(NS, TOPIC, SUB)
-        assert coordinator is not None
+        assert isinstance(coordinator, SubscriptionCoordinator)
         return coordinator
 
     async def connect(

@@ -6,9 +6,10 @@ import itertools
 import json
 import random
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from operator import methodcaller
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from scalable_topics.core.assignment import (
     AssignmentStrategy,
+    Coordinator,
     CoordinatorResult,
     SubscriptionCoordinator,
     round_robin,
@@ -555,19 +557,78 @@ def test_assignment_message_carries_flags_and_order() -> None:
 NAMES = ("a", "b", "c", "d", "e")
 
 
-class CoordinatorMachine(RuleBasedStateMachine):
+class EventRules(RuleBasedStateMachine):
+    """The events every coordinator takes, at random: consumers coming and going, time
+    passing, splits, rebucket rollovers, merges and prunes. Subclasses check each event in
+    :meth:`apply`; :meth:`relayout` hands a new layout over."""
+
+    coordinator: Coordinator[Any]
+    now: float = 0.0
+
+    def apply(self, event: Callable[[Any], CoordinatorResult]) -> CoordinatorResult:
+        raise NotImplementedError
+
+    def relayout(self, new: SegmentLayout, data: st.DataObject) -> None:
+        self.apply(methodcaller("layout_changed", new, self.now))
+
+    @rule(name=st.sampled_from(NAMES))
+    def register(self, name: str) -> None:
+        self.apply(methodcaller("register", name, self.now))
+
+    @rule(name=st.sampled_from(NAMES))
+    def disconnect(self, name: str) -> None:
+        self.apply(methodcaller("disconnect", name, self.now))
+
+    @rule(name=st.sampled_from(NAMES))
+    def unregister(self, name: str) -> None:
+        self.apply(methodcaller("unregister", name, self.now))
+
+    @rule(seconds=st.floats(min_value=0.0, max_value=90.0))
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+        self.apply(methodcaller("tick", self.now))
+
+    @precondition(lambda self: len(self.coordinator.layout.active()) < 12)
+    @rule(data=st.data())
+    def split(self, data: st.DataObject) -> None:
+        layout = self.coordinator.layout
+        splittable = [s for s in layout.active() if s.hash_range.size > 1]
+        segment = data.draw(st.sampled_from(splittable))
+        self.relayout(layout.split(segment.segment_id), data)
+
+    @rule(data=st.data())
+    def rebucket(self, data: st.DataObject) -> None:
+        layout = self.coordinator.layout
+        segment = data.draw(st.sampled_from(layout.active()))
+        self.relayout(rebucket(layout, segment.segment_id), data)
+
+    @precondition(lambda self: len(self.coordinator.layout.active()) >= 2)
+    @rule(data=st.data())
+    def merge(self, data: st.DataObject) -> None:
+        layout = self.coordinator.layout
+        active = layout.active()
+        k = data.draw(st.integers(0, len(active) - 2))
+        self.relayout(layout.merge(active[k].segment_id, active[k + 1].segment_id), data)
+
+    @precondition(lambda self: any(not s.active for s in self.coordinator.layout.segments.values()))
+    @rule(data=st.data())
+    def prune(self, data: st.DataObject) -> None:
+        layout = self.coordinator.layout
+        sealed = sorted(i for i, s in layout.segments.items() if not s.active)
+        self.relayout(layout.prune(data.draw(st.sampled_from(sealed))), data)
+
+
+class CoordinatorMachine(EventRules):
     strategy: AssignmentStrategy = AssignmentStrategy.STICKY
 
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
-        self.coordinator = SubscriptionCoordinator(
+        self.coordinator: SubscriptionCoordinator = SubscriptionCoordinator(
             SegmentLayout.initial(3), strategy=self.strategy, grace_period=60.0
         )
 
-    def apply(
-        self, event: Callable[[SubscriptionCoordinator], CoordinatorResult]
-    ) -> CoordinatorResult:
+    def apply(self, event: Callable[[Any], CoordinatorResult]) -> CoordinatorResult:
         coordinator = self.coordinator
         before = {n: set(a.segment_ids) for n, a in coordinator.assignments().items()}
         grace_before = {n for n, s in coordinator.sessions().items() if not s.connected}
@@ -587,56 +648,6 @@ class CoordinatorMachine(RuleBasedStateMachine):
                     if coordinator.connected():
                         assert now_held <= before[name]
         return result
-
-    @rule(name=st.sampled_from(NAMES))
-    def register(self, name: str) -> None:
-        self.apply(methodcaller("register", name, self.now))
-
-    @rule(name=st.sampled_from(NAMES))
-    def disconnect(self, name: str) -> None:
-        self.apply(methodcaller("disconnect", name, self.now))
-
-    @rule(name=st.sampled_from(NAMES))
-    def unregister(self, name: str) -> None:
-        self.apply(methodcaller("unregister", name, self.now))
-
-    @rule(seconds=st.floats(min_value=0.0, max_value=90.0))
-    def tick(self, seconds: float) -> None:
-        self.now += seconds
-        self.apply(methodcaller("tick", self.now))
-
-    @precondition(lambda self: len(self.coordinator.layout.active()) < 16)
-    @rule(data=st.data())
-    def split(self, data: st.DataObject) -> None:
-        layout = self.coordinator.layout
-        splittable = [s for s in layout.active() if s.hash_range.size > 1]
-        segment = data.draw(st.sampled_from(splittable))
-        new = layout.split(segment.segment_id)
-        self.apply(methodcaller("layout_changed", new, self.now))
-
-    @rule(data=st.data())
-    def rebucket(self, data: st.DataObject) -> None:
-        layout = self.coordinator.layout
-        segment = data.draw(st.sampled_from(layout.active()))
-        new = rebucket(layout, segment.segment_id)
-        self.apply(methodcaller("layout_changed", new, self.now))
-
-    @precondition(lambda self: len(self.coordinator.layout.active()) >= 2)
-    @rule(data=st.data())
-    def merge(self, data: st.DataObject) -> None:
-        layout = self.coordinator.layout
-        active = layout.active()
-        k = data.draw(st.integers(0, len(active) - 2))
-        new = layout.merge(active[k].segment_id, active[k + 1].segment_id)
-        self.apply(methodcaller("layout_changed", new, self.now))
-
-    @precondition(lambda self: any(not s.active for s in self.coordinator.layout.segments.values()))
-    @rule(data=st.data())
-    def prune(self, data: st.DataObject) -> None:
-        layout = self.coordinator.layout
-        sealed = sorted(i for i, s in layout.segments.items() if not s.active)
-        new = layout.prune(data.draw(st.sampled_from(sealed)))
-        self.apply(methodcaller("layout_changed", new, self.now))
 
     @precondition(lambda self: any(not s.active for s in self.coordinator.layout.segments.values()))
     @rule(data=st.data(), by_owner=st.booleans())
@@ -685,6 +696,70 @@ TestRoundRobinCoordinator.settings = _machine_settings
 # -- sticky versus round-robin over a long random sequence -----------------------------------
 
 
+Event = Callable[[Any], CoordinatorResult]
+
+
+@dataclass
+class RandomRun:
+    """A random sequence of joins, leaves, disconnects (returning in time or expiring),
+    splits and merges. :meth:`step` hands each event to ``apply(kind, name, event)`` (``name``:
+    the consumer concerned, "" for a layout change); ``relayout(layout, now)`` makes the event
+    of a new layout."""
+
+    rng: random.Random
+    layout: SegmentLayout
+    apply: Callable[[str, str, Event], None]
+    relayout: Callable[[SegmentLayout, float], Event] = lambda layout, now: methodcaller(
+        "layout_changed", layout, now
+    )
+    now: float = 0.0
+    members: list[str] = field(default_factory=list)
+    serial: int = 0
+
+    def step(self) -> None:
+        rng = self.rng
+        self.now += rng.uniform(1.0, 15.0)
+        roll = rng.random()
+        active = self.layout.active()
+        members = self.members
+        if roll < 0.14 or not members:
+            self.serial += 1
+            name = f"consumer-{self.serial:03d}"
+            members.append(name)
+            self.apply("join", name, methodcaller("register", name, self.now))
+        elif roll < 0.22 and len(members) > 1:
+            name = members.pop(rng.randrange(len(members)))
+            self.apply("leave", name, methodcaller("unregister", name, self.now))
+        elif roll < 0.30 and len(members) > 1:
+            name = rng.choice(members)
+            self.apply("disconnect", name, methodcaller("disconnect", name, self.now))
+            if rng.random() < 0.5:
+                self.now += rng.uniform(1.0, 50.0)
+                self.apply("reconnect", name, methodcaller("register", name, self.now))
+            else:
+                members.remove(name)
+                self.now += 61.0
+                self.apply("expiry", name, methodcaller("tick", self.now))
+        elif roll < 0.65 and len(active) < 40:
+            splittable = [seg for seg in active if seg.hash_range.size > 1]
+            self.change("split", self.layout.split(rng.choice(splittable).segment_id))
+        elif len(active) > 2:
+            k = rng.randrange(len(active) - 1)
+            self.change("merge", self.layout.merge(active[k].segment_id, active[k + 1].segment_id))
+
+    def change(self, kind: str, layout: SegmentLayout) -> None:
+        self.layout = layout
+        self.apply(kind, "", self.relayout(layout, self.now))
+
+    def prune(self, drained: Iterable[int]) -> None:
+        """Prune ``drained`` sealed segments (one layout change)."""
+        layout = self.layout
+        for segment_id in sorted(drained):
+            layout = layout.prune(segment_id)
+        if layout is not self.layout:
+            self.change("prune", layout)
+
+
 def run_random_sequence(seed: int, steps: int) -> tuple[dict[str, Counter[str]], Counter[str]]:
     """The same joins, leaves, disconnects, splits and merges applied to a sticky and a
     round-robin coordinator; consumers drain sealed segments as soon as they may. Counts, per
@@ -693,7 +768,6 @@ def run_random_sequence(seed: int, steps: int) -> tuple[dict[str, Counter[str]],
 
     Also returns the moves any balanced assignment must make for sticky's state: a leaver's
     segments, and on a join ``floor(T / (C + 1))`` for ``T`` segments over ``C`` consumers."""
-    rng = random.Random(seed)
     layout = SegmentLayout.initial(4)
     coordinators = {
         strategy: SubscriptionCoordinator(layout, strategy=strategy, grace_period=60.0)
@@ -702,15 +776,19 @@ def run_random_sequence(seed: int, steps: int) -> tuple[dict[str, Counter[str]],
     moves: dict[str, Counter[str]] = {s: Counter() for s in coordinators}
     forced: Counter[str] = Counter()
     sticky = coordinators[AssignmentStrategy.STICKY]
-    now = 0.0
-    serial = 0
-    members: list[str] = []
 
-    def apply(kind: str, event: Callable[[SubscriptionCoordinator], CoordinatorResult]) -> None:
+    def apply(kind: str, name: str, event: Event) -> None:
+        if kind == "join":
+            counts = consumable_counts(sticky)
+            forced[kind] += sum(counts.values()) // (len(counts) + 1)
+        elif kind in ("leave", "expiry"):
+            forced[kind] += len(held(sticky, name))
         for strategy, coordinator in coordinators.items():
             before = owners(coordinator)
             event(coordinator)
             moves[strategy][kind] += moves_between(before, owners(coordinator))
+
+    run = RandomRun(random.Random(seed), layout, apply)
 
     def drain_everything() -> None:
         for strategy, coordinator in coordinators.items():
@@ -726,50 +804,16 @@ def run_random_sequence(seed: int, steps: int) -> tuple[dict[str, Counter[str]],
                     break
                 for segment_id in ready:
                     before = owners(coordinator)
-                    result = coordinator.drained(coordinator.owner_of(segment_id), segment_id, now)
+                    result = coordinator.drained(
+                        coordinator.owner_of(segment_id), segment_id, run.now
+                    )
                     assert result.rejected is None, result.rejected
                     moves[strategy]["drain"] += moves_between(before, owners(coordinator))
 
     for _ in range(steps):
-        now += rng.uniform(1.0, 15.0)
-        roll = rng.random()
-        active = layout.active()
-        if roll < 0.14 or not members:
-            serial += 1
-            name = f"consumer-{serial:03d}"
-            members.append(name)
-            counts = consumable_counts(sticky)
-            forced["join"] += sum(counts.values()) // (len(counts) + 1)
-            apply("join", methodcaller("register", name, now))
-        elif roll < 0.22 and len(members) > 1:
-            name = members.pop(rng.randrange(len(members)))
-            forced["leave"] += len(held(sticky, name))
-            apply("leave", methodcaller("unregister", name, now))
-        elif roll < 0.30 and len(members) > 1:
-            name = rng.choice(members)
-            apply("disconnect", methodcaller("disconnect", name, now))
-            if rng.random() < 0.5:
-                now += rng.uniform(1.0, 50.0)
-                apply("reconnect", methodcaller("register", name, now))
-            else:
-                members.remove(name)
-                forced["expiry"] += len(held(sticky, name))
-                now += 61.0
-                apply("expiry", methodcaller("tick", now))
-        elif roll < 0.65 and len(active) < 40:
-            splittable = [seg for seg in active if seg.hash_range.size > 1]
-            layout = layout.split(rng.choice(splittable).segment_id)
-            apply("split", methodcaller("layout_changed", layout, now))
-        elif len(active) > 2:
-            k = rng.randrange(len(active) - 1)
-            layout = layout.merge(active[k].segment_id, active[k + 1].segment_id)
-            apply("merge", methodcaller("layout_changed", layout, now))
+        run.step()
         drain_everything()
-        done = set.intersection(*(set(c.drained_segments) for c in coordinators.values()))
-        for segment_id in sorted(done):
-            layout = layout.prune(segment_id)
-        if done:
-            apply("prune", methodcaller("layout_changed", layout, now))
+        run.prune(set.intersection(*(set(c.drained_segments) for c in coordinators.values())))
         counts = consumable_counts(sticky)
         assert max(counts.values()) - min(counts.values()) <= 1, counts
         for coordinator in coordinators.values():

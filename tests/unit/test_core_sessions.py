@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from scalable_topics.core.assignment import SubscriptionCoordinator
+from scalable_topics.core.assignment import QueueCoordinator, SubscriptionCoordinator
 from scalable_topics.core.buckets import bucket_boundaries, initial_layout_buckets, layout_buckets
 from scalable_topics.core.layout import SegmentLayout, SegmentState
 from scalable_topics.core.sessions import (
@@ -116,8 +116,24 @@ def test_assignment_message_carries_flags_and_broker_urls() -> None:
     assert by_id[3].broker_url is None
     data = json.loads(encode(message))
     expected = assignment.to_dict()["segments"]
-    assert [{k: v for k, v in s.items() if k != "brokerUrl"} for s in data["segments"]] == expected
+    assert all(s["buckets"] is None for s in data["segments"])  # whole segments
+    assert [
+        {k: v for k, v in s.items() if k not in ("brokerUrl", "buckets")} for s in data["segments"]
+    ] == expected
     assert parse_server_message(encode(message)) == message
+
+
+def test_queue_assignments_carry_the_owned_buckets() -> None:
+    layout = SegmentLayout.initial(1)
+    coordinator = QueueCoordinator(layout, buckets={0: 4})
+    coordinator.register("w1", 0.0)
+    coordinator.register("w2", 0.0)
+    message = assignment_message("ns", "t", "jobs", coordinator.assignment("w2"), {0: "http://b"})
+    data = json.loads(encode(message))
+    assert data["segments"][0]["buckets"] == [2, 3]
+    assert data["segments"][0]["brokerUrl"] == "http://b"
+    parsed = parse_server_message(encode(message))
+    assert isinstance(parsed, AssignmentMessage) and parsed.segments[0].buckets == (2, 3)
 
 
 def test_client_messages_parse() -> None:
@@ -131,6 +147,10 @@ def test_client_messages_parse() -> None:
     )
     assert isinstance(checkpoint, RegisterMessage)
     assert checkpoint.consumer_type is ConsumerType.CHECKPOINT
+    queue = parse_client_message(
+        '{"v":1,"type":"register","subscription":"jobs","consumer":"w","consumerType":"queue"}'
+    )
+    assert isinstance(queue, RegisterMessage) and queue.consumer_type is ConsumerType.QUEUE
     assert parse_client_message('{"v":1,"type":"drained","segment":3}') == DrainedMessage(segment=3)
     assert parse_client_message(
         '{"v":1,"type":"position","segment":3,"position":17}'
@@ -154,7 +174,7 @@ def test_client_messages_parse() -> None:
         ('{"v": 1, "type": "register", "subscription": "s"}', "consumer"),
         ('{"v": 1, "type": "register", "subscription": "", "consumer": "c"}', "subscription"),
         (
-            '{"v":1,"type":"register","subscription":"s","consumer":"c","consumerType":"queue"}',
+            '{"v":1,"type":"register","subscription":"s","consumer":"c","consumerType":"pipe"}',
             "consumerType",
         ),
         ('{"v": 1, "type": "drained", "segment": -1}', "segment"),

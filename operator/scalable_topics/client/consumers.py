@@ -1,24 +1,29 @@
-"""Consumers of a scalable topic: stream, checkpoint and queue (DESIGN §1, §3, §6).
+"""Consumers of a scalable topic: stream, checkpoint and queue (DESIGN §1, §3, §6, PIP-486).
 
-* :class:`StreamConsumer` registers with the topic's controller (the consumer controller
-  session, ``docs/sessions.md``), reads the segments it is assigned in DAG order and
-  acknowledges cumulatively per segment on the brokers.
+Every consumer registers with the topic's controller (the consumer controller session,
+``docs/sessions.md``) and reads what it is assigned:
+
+* :class:`StreamConsumer` gets whole segments of a Stream subscription, reads them in DAG order
+  and acknowledges cumulatively per segment on the brokers.
 * :class:`CheckpointConsumer` gets assignments the same way but leaves no acknowledgements on
   the brokers: the application stores a :class:`~scalable_topics.client.model.Checkpoint` and
   restarts from it.
-* :class:`QueueConsumer` needs no controller: it attaches to every segment of a Queue
-  subscription and acknowledges message by message.
+* :class:`QueueConsumer` gets entry buckets of the segments of a Queue subscription: any number
+  of queue consumers share the subscription, each key is processed by one of them at a time, in
+  order; acknowledgements are individual. ``ordered=False`` skips the controller and lets the
+  brokers spread entries round-robin (no order).
 
 **DAG order.** A segment is read only while the controller marks it ``consumable``, or once
 this consumer has itself drained and reported every segment in its ``blockedBy``: a split or
 merge child therefore starts right after its parents, without a round trip to the controller,
-and every message of a parent is handed to the application before any message of a child - so
-per-key order survives splits and merges. A stream consumer's segment is drained when the
-broker sends ``END_OF_SEGMENT`` (sealed, and every entry acknowledged); a checkpoint consumer's
-when it has handed out everything up to the sealed segment's last position.
+and every message of a parent is acknowledged before any message of a child is delivered - so
+per-key order survives splits and merges. A segment is drained when the broker sends
+``END_OF_SEGMENT`` (sealed, and every entry acknowledged by the subscription); a checkpoint
+consumer's when it has handed out everything up to the sealed segment's last position.
 
 Iterating (``async for msg in consumer``) yields :class:`Message` objects from all the segments
-being read; messages of one segment come in position order.
+being read; messages of one segment (of one bucket, for a queue consumer) come in position
+order.
 """
 
 from __future__ import annotations
@@ -28,31 +33,14 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, Self, TypedDict, Unpack
 
 import aiohttp
 
+from scalable_topics.core import sessions as proto
 from scalable_topics.core import wire
-from scalable_topics.core.sessions import (
-    AssignedSegmentModel,
-    AssignmentMessage,
-    CloseCode,
-    ConsumerType,
-    DagMessage,
-    DrainedMessage,
-    ErrorCode,
-    ErrorMessage,
-    PositionMessage,
-    RedirectMessage,
-    RegisterMessage,
-    SessionProtocolError,
-    UnregisterMessage,
-    consumers_path,
-    encode,
-    parse_server_message,
-)
 
 from .dag import Backoff, DagWatcher, http_url, ws_url
 from .model import Checkpoint, Message, decode_key
@@ -70,19 +58,26 @@ __all__ = [
     "CheckpointConsumer",
     "ConsumerClosedError",
     "ConsumerError",
+    "ConsumerOptions",
     "QueueConsumer",
     "StreamConsumer",
 ]
 
 log = logging.getLogger("scalable_topics.client.consumers")
 
-_FATAL_CODES = {ErrorCode.SUPERSEDED, ErrorCode.INVALID_SUBSCRIPTION, ErrorCode.UNKNOWN_TOPIC}
-_FATAL_CLOSES = {
-    CloseCode.SUPERSEDED,
-    CloseCode.INVALID_SUBSCRIPTION,
-    CloseCode.UNKNOWN_TOPIC,
-    CloseCode.BAD_MESSAGE,
+_FATAL_CODES = {
+    proto.ErrorCode.SUPERSEDED,
+    proto.ErrorCode.INVALID_SUBSCRIPTION,
+    proto.ErrorCode.UNKNOWN_TOPIC,
 }
+_FATAL_CLOSES = {
+    proto.CloseCode.SUPERSEDED,
+    proto.CloseCode.INVALID_SUBSCRIPTION,
+    proto.CloseCode.UNKNOWN_TOPIC,
+    proto.CloseCode.BAD_MESSAGE,
+}
+_WAITING_CODES = {wire.ERR_CONSUMER_BUSY, wire.ERR_BUCKET_CONFLICT}
+"""Attach refusals that only mean "the previous owner has not let go yet"."""
 
 
 class ConsumerError(Exception):
@@ -99,6 +94,19 @@ class ConsumerClosedError(Exception):
 
 class _NothingToRead(Exception):
     """A sealed segment that never had this subscription: nothing to consume there."""
+
+
+class ConsumerOptions(TypedDict, total=False):
+    """Keyword options every consumer takes."""
+
+    permits: int
+    """Entries each broker connection may push ahead of the application (default 1000)."""
+    receive_queue: int
+    """Messages queued for the application before the readers pause (default 10 000)."""
+    session: aiohttp.ClientSession | None
+    """An HTTP session to use (default: one of the consumer's own)."""
+    heartbeat: float
+    """Seconds between pings on the controller session (default 20)."""
 
 
 def entry_messages(segment_id: int, item: ReceivedEntry) -> list[Message]:
@@ -123,23 +131,44 @@ def entry_messages(segment_id: int, item: ReceivedEntry) -> list[Message]:
     ]
 
 
-def readable(segment: AssignedSegmentModel, drained: Iterable[int]) -> bool:
+def readable(segment: proto.AssignedSegmentModel, drained: set[int] | frozenset[int]) -> bool:
     """May the consumer read ``segment`` now (``docs/sessions.md``: drain gating)?"""
-    return segment.consumable or set(segment.blocked_by) <= set(drained)
+    return segment.consumable or set(segment.blocked_by) <= drained
 
 
-# -- the common machinery: a delivery queue fed by per-segment readers --------------------------
+# -- the machinery: segment readers feeding one delivery queue ----------------------------------
+
+ReaderKey = tuple[int, frozenset[int] | None]
+"""A reader reads one segment, for its named entry buckets (``None``: the whole segment)."""
 
 
 @dataclass(eq=False)
 class _Reader:
     segment_id: int
+    buckets: frozenset[int] | None = None
     task: asyncio.Task[None] | None = None
     consumer: SegmentConsumer | None = None
     outstanding: int = 0
     """Messages queued for the application and not yet taken."""
     taken: asyncio.Event = field(default_factory=asyncio.Event)
     stopped: bool = False
+    halted: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once stopped (a pump handing its buckets over waits for it)."""
+    acked: int = -1
+    """Stream: the highest position acknowledged cumulatively."""
+    releasing: bool = False
+    """Queue: the buckets are being handed over; entries not started are dropped."""
+    started: dict[int, set[int]] = field(default_factory=dict)
+    """Queue: entries of which the application took a message → batch indexes acknowledged."""
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def key(self) -> ReaderKey:
+        return self.segment_id, self.buckets
+
+    def wants(self, message: Message) -> bool:
+        """Does a queued ``message`` still go to the application?"""
+        return not self.stopped and (not self.releasing or message.position in self.started)
 
 
 class _Delivery:
@@ -168,14 +197,19 @@ class _Delivery:
             reader.taken.set()
             if len(self.items) < self.capacity:
                 self.room.set()
-            if not reader.stopped:
+            if reader.wants(message):
                 return reader, message
         self.not_empty.clear()
         return None
 
 
 class _ConsumerBase:
-    """Shared life cycle: a DAG watcher, segment readers, the delivery queue, iteration."""
+    """Shared life cycle: the DAG watcher, the controller session and its assignment, segment
+    readers, the delivery queue, iteration. Subclasses say how a segment of the assignment is
+    read (:meth:`_sync_segment`), what a delivered entry becomes (:meth:`_pump`) and what is
+    done when it ends (:meth:`_segment_done`)."""
+
+    consumer_type = proto.ConsumerType.STREAM
 
     def __init__(
         self,
@@ -184,30 +218,55 @@ class _ConsumerBase:
         topic: str,
         subscription: str,
         name: str,
-        *,
-        permits: int,
-        receive_queue: int,
-        session: aiohttp.ClientSession | None,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
         self.service_url = http_url(service_url)
         self.namespace = namespace
         self.topic = topic
         self.subscription = subscription
         self.name = name
-        self.permits = permits
-        self._own_session = session is None
-        self._session = session
+        self.permits = options.get("permits", 1000)
+        self._session = options.get("session")
+        self._own_session = self._session is None
+        self._heartbeat = options.get("heartbeat", 20.0)
         self._watcher: DagWatcher | None = None
-        self._readers: dict[int, _Reader] = {}
-        self._delivery = _Delivery(receive_queue)
+        self._readers: dict[ReaderKey, _Reader] = {}
+        self._delivery = _Delivery(options.get("receive_queue", 10_000))
         self._drained: set[int] = set()
         self._fatal: BaseException | None = None
         self._fatal_event = asyncio.Event()
         self._closed = False
         self._started = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._assignment: dict[int, proto.AssignedSegmentModel] = {}
+        self._assignment_epoch = -1
+        self._assigned = asyncio.Event()
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._reported: set[int] = set()
+        self._positions_sent: dict[int, float] = {}
+        self.controller_sessions = 0
+        """Controller sessions opened so far (reconnects and redirects included)."""
+        self.assignments_received = 0
 
     # -- life cycle -------------------------------------------------------------------------------
+
+    async def start(self, within: float = 60.0) -> None:
+        """Register with the controller; returns after the first assignment."""
+        if self._started:
+            return
+        self._started = True
+        await self._start_watcher()
+        self._spawn(self._control(), f"controller-{self.name}")
+        async with asyncio.timeout(within):
+            waiter = asyncio.ensure_future(self._assigned.wait())
+            failed = asyncio.ensure_future(self._fatal_event.wait())
+            try:
+                await asyncio.wait({waiter, failed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+                failed.cancel()
+        if self._fatal is not None:
+            raise self._fatal
 
     async def _start_watcher(self) -> DagWatcher:
         if self._session is None:
@@ -219,8 +278,9 @@ class _ConsumerBase:
         self._watcher.add_listener(self._on_dag)
         return self._watcher
 
-    def _on_dag(self, dag: DagMessage) -> None:
+    def _on_dag(self, dag: proto.DagMessage) -> None:
         """A newer DAG arrived (broker URLs may have changed)."""
+        self._evaluate()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=name)
@@ -228,18 +288,13 @@ class _ConsumerBase:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _broker_url(self, segment_id: int) -> str | None:
-        if self._watcher is None:
-            return None
-        return self._watcher.dag.brokers().get(segment_id)
-
     def _fail(self, error: BaseException) -> None:
         if self._fatal is None:
             self._fatal = error
         self._fatal_event.set()
         self._delivery.not_empty.set()
-        for segment_id in list(self._readers):
-            self._stop_reader(segment_id)
+        for reader in list(self._readers.values()):
+            self._stop_reader(reader)
 
     @property
     def drained_segments(self) -> frozenset[int]:
@@ -248,7 +303,26 @@ class _ConsumerBase:
     @property
     def reading(self) -> list[int]:
         """Segments being read now."""
-        return sorted(self._readers)
+        return sorted({segment_id for segment_id, _ in self._readers})
+
+    @property
+    def assignment(self) -> list[int]:
+        """Segment ids currently assigned, in DAG order."""
+        return list(self._assignment)
+
+    @property
+    def assignment_epoch(self) -> int:
+        return self._assignment_epoch
+
+    async def wait_assignment(
+        self, predicate: Callable[[list[int]], bool], within: float | None = None
+    ) -> list[int]:
+        """Wait for an assignment for which ``predicate(segment_ids)`` holds."""
+        async with asyncio.timeout(within):
+            while not predicate(self.assignment):
+                self._assigned.clear()
+                await self._assigned.wait()
+        return self.assignment
 
     # -- iteration --------------------------------------------------------------------------------
 
@@ -279,20 +353,148 @@ class _ConsumerBase:
             except ConsumerClosedError:
                 return
 
+    # -- the controller session -------------------------------------------------------------------
+
+    async def _control(self) -> None:
+        assert self._session is not None and self._watcher is not None
+        backoff = Backoff(0.05, 5.0)
+        redirect: str | None = None
+        path = proto.consumers_path(self.namespace, self.topic)
+        register = proto.RegisterMessage(
+            subscription=self.subscription, consumer=self.name, consumer_type=self.consumer_type
+        )
+        while not self._closed:
+            controller = self._watcher.dag.controller_url or self.service_url
+            target = ws_url(redirect) if redirect else ws_url(controller) + path
+            redirect = None
+            retry_after: float | None = None
+            try:
+                async with self._session.ws_connect(
+                    target, heartbeat=self._heartbeat, max_msg_size=64 << 20
+                ) as ws:
+                    self._ws = ws
+                    self.controller_sessions += 1
+                    await ws.send_str(proto.encode(register))
+                    self._reported.clear()
+                    async for frame in ws:
+                        if frame.type is not aiohttp.WSMsgType.TEXT:
+                            break
+                        message = proto.parse_server_message(frame.data)
+                        if isinstance(message, proto.AssignmentMessage):
+                            backoff.reset()
+                            self._apply_assignment(message)
+                        elif isinstance(message, proto.RedirectMessage):
+                            redirect = message.url
+                            retry_after = None if message.url else message.retry_after
+                            log.info("controller redirect: %s (%s)", message.url, message.reason)
+                        elif isinstance(message, proto.ErrorMessage):
+                            self._on_error(message)
+                    code = ws.close_code
+                    if code in _FATAL_CLOSES and self._fatal is None and not self._closed:
+                        self._fail(ConsumerError(str(code), "controller closed the session"))
+            except aiohttp.WSServerHandshakeError as exc:
+                location = exc.headers.get("Location") if exc.headers else None
+                if exc.status in (307, 308) and location:
+                    redirect = location
+                elif exc.status == 503 and exc.headers:
+                    retry_after = float(exc.headers.get("Retry-After", "1"))
+                log.info("controller session to %s refused: %s", target, exc.status)
+            except (
+                aiohttp.ClientError,
+                OSError,
+                proto.SessionProtocolError,
+                TimeoutError,
+            ) as exc:
+                log.info("controller session to %s dropped: %s", target, exc)
+            finally:
+                self._ws = None
+            if self._closed or self._fatal is not None:
+                return
+            if redirect:
+                continue
+            if retry_after is not None:
+                await asyncio.sleep(retry_after)
+            else:
+                await backoff.sleep()
+
+    def _on_error(self, message: proto.ErrorMessage) -> None:
+        if message.fatal and message.code in _FATAL_CODES:
+            self._fail(ConsumerError(message.code.value, message.message))
+        else:
+            log.info("controller refused a report: %s: %s", message.code, message.message)
+
+    def _send(
+        self, message: proto.DrainedMessage | proto.PositionMessage | proto.UnregisterMessage
+    ) -> bool:
+        ws = self._ws
+        if ws is None or ws.closed:
+            return False
+        task = asyncio.ensure_future(ws.send_str(proto.encode(message)))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return True
+
+    def _apply_assignment(self, message: proto.AssignmentMessage) -> None:
+        self.assignments_received += 1
+        self._reported.clear()
+        self._assignment = {s.segment_id: s for s in message.segments}
+        self._assignment_epoch = message.layout_epoch
+        self._evaluate()
+        self._assigned.set()
+
+    def _evaluate(self) -> None:
+        """Let go of segments no longer assigned, read the assigned ones that became
+        readable, report drains."""
+        for reader in list(self._readers.values()):
+            if reader.segment_id not in self._assignment:
+                self._unassigned(reader)
+        for segment in self._assignment.values():
+            segment_id = segment.segment_id
+            if segment_id in self._drained:
+                # Report only once the controller sees the segment sealed: the broker can end
+                # a segment before the new layout reaches the controller, which would refuse.
+                sealed = segment.state.value == "SEALED"
+                report = proto.DrainedMessage(segment=segment_id)
+                if sealed and segment_id not in self._reported and self._send(report):
+                    self._reported.add(segment_id)
+                continue
+            self._sync_segment(segment)
+
+    def _sync_segment(self, segment: proto.AssignedSegmentModel) -> None:
+        """Read an assigned, undrained segment once it is readable."""
+        if (segment.segment_id, None) not in self._readers and readable(segment, self._drained):
+            self._start_reader(segment.segment_id)
+
+    def _unassigned(self, reader: _Reader) -> None:
+        """``reader``'s segment is no longer assigned: stop at once (the new owner reads from
+        the last acknowledgement)."""
+        log.info("segment %d no longer assigned: stop reading it", reader.segment_id)
+        self._stop_reader(reader)
+
+    def _report_position(self, segment_id: int, position: int) -> None:
+        now = time.monotonic()
+        if now - self._positions_sent.get(segment_id, 0.0) >= 1.0 and self._send(
+            proto.PositionMessage(segment=segment_id, position=position)
+        ):
+            self._positions_sent[segment_id] = now
+
     # -- segment readers --------------------------------------------------------------------------
 
-    def _start_reader(self, segment_id: int) -> None:
-        if segment_id in self._readers or segment_id in self._drained or self._closed:
+    def _readers_of(self, segment_id: int) -> list[_Reader]:
+        return [r for r in self._readers.values() if r.segment_id == segment_id]
+
+    def _start_reader(self, segment_id: int, buckets: frozenset[int] | None = None) -> None:
+        key = (segment_id, buckets)
+        if key in self._readers or segment_id in self._drained or self._closed:
             return
-        reader = _Reader(segment_id)
-        self._readers[segment_id] = reader
+        reader = _Reader(segment_id, buckets)
+        self._readers[key] = reader
         reader.task = self._spawn(self._read(reader), f"read-{segment_id}")
 
-    def _stop_reader(self, segment_id: int) -> None:
-        reader = self._readers.pop(segment_id, None)
-        if reader is None:
-            return
+    def _stop_reader(self, reader: _Reader) -> None:
+        if self._readers.get(reader.key) is reader:
+            del self._readers[reader.key]
         reader.stopped = True
+        reader.halted.set()
         if reader.task is not None and reader.task is not asyncio.current_task():
             reader.task.cancel()
 
@@ -312,6 +514,7 @@ class _ConsumerBase:
                 reader.segment_id,
                 self.subscription,
                 self.name,
+                buckets=sorted(reader.buckets) if reader.buckets is not None else None,
                 permits=self.permits,
                 session=self._session,
             )
@@ -322,8 +525,7 @@ class _ConsumerBase:
         except SegmentError as exc:
             if exc.code == wire.ERR_SUBSCRIPTION_NOT_FOUND and self._sealed(reader.segment_id):
                 raise _NothingToRead(str(exc)) from None
-            # ConsumerBusy: the previous owner has not let go yet (reassignment).
-            level = logging.DEBUG if exc.code == wire.ERR_CONSUMER_BUSY else logging.INFO
+            level = logging.DEBUG if exc.code in _WAITING_CODES else logging.INFO
             log.log(level, "segment %d: attach failed: %s", reader.segment_id, exc)
             await backoff.sleep()
             return None
@@ -334,9 +536,17 @@ class _ConsumerBase:
         return consumer
 
     def _segment_url(self, segment_id: int) -> str | None:
-        return self._broker_url(segment_id)
+        assigned = self._assignment.get(segment_id)
+        if assigned is not None and assigned.broker_url:
+            return assigned.broker_url
+        if self._watcher is None:
+            return None
+        return self._watcher.dag.brokers().get(segment_id)
 
     def _sealed(self, segment_id: int) -> bool:
+        assigned = self._assignment.get(segment_id)
+        if assigned is not None and assigned.state.value == "SEALED":
+            return True
         if self._watcher is None:
             return False
         return any(
@@ -347,7 +557,7 @@ class _ConsumerBase:
     async def _read(self, reader: _Reader) -> None:
         backoff = Backoff(0.02, 2.0)
         try:
-            while not reader.stopped and not self._closed:
+            while not reader.stopped and not reader.releasing and not self._closed:
                 try:
                     consumer = await self._connect(reader, backoff)
                 except _NothingToRead:
@@ -383,7 +593,17 @@ class _ConsumerBase:
         raise NotImplementedError
 
     async def _segment_done(self, reader: _Reader) -> None:
-        """The segment is drained for this consumer."""
+        """The segment is drained for this consumer: its readers stop, the next segments in
+        DAG order may start."""
+        segment_id = reader.segment_id
+        log.info("segment %d drained", segment_id)
+        self._drained.add(segment_id)
+        for other in self._readers_of(segment_id):
+            if other is not reader:
+                self._stop_reader(other)
+        if self._readers.get(reader.key) is reader:
+            del self._readers[reader.key]
+        self._evaluate()
 
     async def _wait_room(self) -> None:
         while not self._delivery.room.is_set():
@@ -391,11 +611,20 @@ class _ConsumerBase:
 
     # -- closing ----------------------------------------------------------------------------------
 
-    async def _close_common(self) -> None:
+    async def close(self, *, unregister: bool = False) -> None:
+        """Stop reading. ``unregister=True`` gives the assignment to the other consumers at
+        once; otherwise the controller holds it for the grace period (a restart under the same
+        name gets it back)."""
+        if unregister and self._ws is not None and not self._ws.closed:
+            with contextlib.suppress(Exception):
+                await self._ws.send_str(proto.encode(proto.UnregisterMessage()))
+        if self._ws is not None:
+            with contextlib.suppress(Exception):
+                await self._ws.close()
         self._closed = True
         self._delivery.not_empty.set()
-        for segment_id in list(self._readers):
-            self._stop_reader(segment_id)
+        for reader in list(self._readers.values()):
+            self._stop_reader(reader)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -405,232 +634,6 @@ class _ConsumerBase:
         if self._own_session and self._session is not None:
             await self._session.close()
 
-
-# -- stream and checkpoint: assignments from the controller ----------------------------------
-
-
-class _AssignedConsumer(_ConsumerBase):
-    consumer_type = ConsumerType.STREAM
-
-    def __init__(
-        self,
-        service_url: str,
-        namespace: str,
-        topic: str,
-        subscription: str,
-        name: str,
-        *,
-        permits: int = 1000,
-        receive_queue: int = 10_000,
-        session: aiohttp.ClientSession | None = None,
-        heartbeat: float = 20.0,
-    ) -> None:
-        super().__init__(
-            service_url,
-            namespace,
-            topic,
-            subscription,
-            name,
-            permits=permits,
-            receive_queue=receive_queue,
-            session=session,
-        )
-        self._heartbeat = heartbeat
-        self._assignment: dict[int, AssignedSegmentModel] = {}
-        self._assignment_epoch = -1
-        self._assigned = asyncio.Event()
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
-        self._reported: set[int] = set()
-        self._positions_sent: dict[int, float] = {}
-        self._controller_task: asyncio.Task[None] | None = None
-        self.controller_sessions = 0
-        """Controller sessions opened so far (reconnects and redirects included)."""
-        self.assignments_received = 0
-
-    async def start(self, within: float = 60.0) -> None:
-        """Register with the controller; returns after the first assignment."""
-        if self._started:
-            return
-        self._started = True
-        await self._start_watcher()
-        self._controller_task = self._spawn(self._control(), f"controller-{self.name}")
-        async with asyncio.timeout(within):
-            waiter = asyncio.ensure_future(self._assigned.wait())
-            failed = asyncio.ensure_future(self._fatal_event.wait())
-            try:
-                await asyncio.wait({waiter, failed}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-                failed.cancel()
-        if self._fatal is not None:
-            raise self._fatal
-
-    @property
-    def assignment(self) -> list[int]:
-        """Segment ids currently assigned, in DAG order."""
-        return list(self._assignment)
-
-    @property
-    def assignment_epoch(self) -> int:
-        return self._assignment_epoch
-
-    async def wait_assignment(
-        self, predicate: Callable[[list[int]], bool], within: float | None = None
-    ) -> list[int]:
-        """Wait for an assignment for which ``predicate(segment_ids)`` holds."""
-        async with asyncio.timeout(within):
-            while not predicate(self.assignment):
-                self._assigned.clear()
-                await self._assigned.wait()
-        return self.assignment
-
-    # -- the controller session -------------------------------------------------------------------
-
-    async def _control(self) -> None:
-        assert self._session is not None and self._watcher is not None
-        backoff = Backoff(0.05, 5.0)
-        redirect: str | None = None
-        path = consumers_path(self.namespace, self.topic)
-        while not self._closed:
-            controller = self._watcher.dag.controller_url or self.service_url
-            target = ws_url(redirect) if redirect else ws_url(controller) + path
-            redirect = None
-            retry_after: float | None = None
-            try:
-                async with self._session.ws_connect(
-                    target, heartbeat=self._heartbeat, max_msg_size=64 << 20
-                ) as ws:
-                    self._ws = ws
-                    self.controller_sessions += 1
-                    await ws.send_str(
-                        encode(
-                            RegisterMessage(
-                                subscription=self.subscription,
-                                consumer=self.name,
-                                consumer_type=self.consumer_type,
-                            )
-                        )
-                    )
-                    self._reported.clear()
-                    async for frame in ws:
-                        if frame.type is not aiohttp.WSMsgType.TEXT:
-                            break
-                        message = parse_server_message(frame.data)
-                        if isinstance(message, AssignmentMessage):
-                            backoff.reset()
-                            self._apply_assignment(message)
-                        elif isinstance(message, RedirectMessage):
-                            redirect = message.url
-                            retry_after = None if message.url else message.retry_after
-                            log.info("controller redirect: %s (%s)", message.url, message.reason)
-                        elif isinstance(message, ErrorMessage):
-                            self._on_error(message)
-                    code = ws.close_code
-                    if code in _FATAL_CLOSES and self._fatal is None and not self._closed:
-                        self._fail(ConsumerError(str(code), "controller closed the session"))
-            except aiohttp.WSServerHandshakeError as exc:
-                location = exc.headers.get("Location") if exc.headers else None
-                if exc.status in (307, 308) and location:
-                    redirect = location
-                elif exc.status == 503 and exc.headers:
-                    retry_after = float(exc.headers.get("Retry-After", "1"))
-                log.info("controller session to %s refused: %s", target, exc.status)
-            except (aiohttp.ClientError, OSError, SessionProtocolError, TimeoutError) as exc:
-                log.info("controller session to %s dropped: %s", target, exc)
-            finally:
-                self._ws = None
-            if self._closed or self._fatal is not None:
-                return
-            if redirect:
-                continue
-            if retry_after is not None:
-                await asyncio.sleep(retry_after)
-            else:
-                await backoff.sleep()
-
-    def _on_error(self, message: ErrorMessage) -> None:
-        if message.fatal and message.code in _FATAL_CODES:
-            self._fail(ConsumerError(message.code.value, message.message))
-        else:
-            log.info("controller refused a report: %s: %s", message.code, message.message)
-
-    def _send(self, message: DrainedMessage | PositionMessage | UnregisterMessage) -> bool:
-        ws = self._ws
-        if ws is None or ws.closed:
-            return False
-        task = asyncio.ensure_future(ws.send_str(encode(message)))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        return True
-
-    def _apply_assignment(self, message: AssignmentMessage) -> None:
-        self.assignments_received += 1
-        self._reported.clear()
-        self._assignment = {s.segment_id: s for s in message.segments}
-        self._assignment_epoch = message.layout_epoch
-        for segment_id in list(self._readers):
-            if segment_id not in self._assignment:
-                log.info("segment %d no longer assigned: stop reading it", segment_id)
-                self._stop_reader(segment_id)
-        self._evaluate()
-        self._assigned.set()
-
-    def _evaluate(self) -> None:
-        """Start readers for assigned segments that became readable; report drains."""
-        for segment in self._assignment.values():
-            segment_id = segment.segment_id
-            if segment_id in self._drained:
-                # Report only once the controller sees the segment sealed: the broker can end
-                # a segment before the new layout reaches the controller, which would refuse.
-                sealed = segment.state.value == "SEALED"
-                report = DrainedMessage(segment=segment_id)
-                if sealed and segment_id not in self._reported and self._send(report):
-                    self._reported.add(segment_id)
-                continue
-            if segment_id not in self._readers and readable(segment, self._drained):
-                self._start_reader(segment_id)
-
-    def _segment_url(self, segment_id: int) -> str | None:
-        assigned = self._assignment.get(segment_id)
-        if assigned is not None and assigned.broker_url:
-            return assigned.broker_url
-        return self._broker_url(segment_id)
-
-    def _on_dag(self, dag: DagMessage) -> None:
-        self._evaluate()
-
-    def _sealed(self, segment_id: int) -> bool:
-        assigned = self._assignment.get(segment_id)
-        if assigned is not None and assigned.state.value == "SEALED":
-            return True
-        return super()._sealed(segment_id)
-
-    async def _segment_done(self, reader: _Reader) -> None:
-        segment_id = reader.segment_id
-        log.info("segment %d drained", segment_id)
-        self._drained.add(segment_id)
-        if self._readers.get(segment_id) is reader:
-            del self._readers[segment_id]
-        self._evaluate()
-
-    def _report_position(self, segment_id: int, position: int) -> None:
-        now = time.monotonic()
-        if now - self._positions_sent.get(segment_id, 0.0) >= 1.0 and self._send(
-            PositionMessage(segment=segment_id, position=position)
-        ):
-            self._positions_sent[segment_id] = now
-
-    async def close(self, *, unregister: bool = False) -> None:
-        """Stop reading. ``unregister=True`` gives the segments to other consumers at once;
-        otherwise the controller holds them for the grace period (a restart under the same
-        name gets them back)."""
-        if unregister and self._ws is not None and not self._ws.closed:
-            with contextlib.suppress(Exception):
-                await self._ws.send_str(encode(UnregisterMessage()))
-        if self._ws is not None:
-            with contextlib.suppress(Exception):
-                await self._ws.close()
-        await self._close_common()
-
     async def __aenter__(self) -> Self:
         await self.start()
         return self
@@ -639,7 +642,10 @@ class _AssignedConsumer(_ConsumerBase):
         await self.close()
 
 
-class StreamConsumer(_AssignedConsumer):
+# -- stream and checkpoint: whole segments ------------------------------------------------------
+
+
+class StreamConsumer(_ConsumerBase):
     """Exclusive, ordered consumption of the segments the controller assigns to ``name``.
 
     ``ack(msg)`` is cumulative per segment: it acknowledges ``msg`` and everything before it in
@@ -647,44 +653,17 @@ class StreamConsumer(_AssignedConsumer):
     every message of it is acknowledged.
     """
 
-    consumer_type = ConsumerType.STREAM
-
-    def __init__(
-        self,
-        service_url: str,
-        namespace: str,
-        topic: str,
-        subscription: str,
-        name: str,
-        *,
-        permits: int = 1000,
-        receive_queue: int = 10_000,
-        session: aiohttp.ClientSession | None = None,
-        heartbeat: float = 20.0,
-    ) -> None:
-        super().__init__(
-            service_url,
-            namespace,
-            topic,
-            subscription,
-            name,
-            permits=permits,
-            receive_queue=receive_queue,
-            session=session,
-            heartbeat=heartbeat,
-        )
-        self._acked: dict[int, int] = {}
+    consumer_type = proto.ConsumerType.STREAM
 
     async def _pump(self, reader: _Reader, consumer: SegmentConsumer) -> bool:
-        acked = self._acked.get(reader.segment_id, -1)
-        if acked >= consumer.ack_floor:
-            consumer.ack_cumulative(acked)
+        if reader.acked >= consumer.ack_floor:
+            consumer.ack_cumulative(reader.acked)
         while not reader.stopped:
             await self._wait_room()
             item = await consumer.receive()
             if item is None:
                 return True
-            if item.position <= self._acked.get(reader.segment_id, -1):
+            if item.position <= reader.acked:
                 continue
             self._delivery.put(reader, entry_messages(reader.segment_id, item))
         return False
@@ -695,19 +674,19 @@ class StreamConsumer(_AssignedConsumer):
 
     def ack_nowait(self, message: Message) -> None:
         segment_id = message.segment_id
-        target = message.position if message.last_in_entry else message.position - 1
-        if target < 0 or target <= self._acked.get(segment_id, -1):
-            return
-        reader = self._readers.get(segment_id)
+        reader = self._readers.get((segment_id, None))
         if reader is None:
             return  # no longer ours: the new owner gets it again
-        self._acked[segment_id] = target
+        target = message.position if message.last_in_entry else message.position - 1
+        if target < 0 or target <= reader.acked:
+            return
+        reader.acked = target
         if reader.consumer is not None:
             reader.consumer.ack_cumulative(target)
         self._report_position(segment_id, target)
 
 
-class CheckpointConsumer(_AssignedConsumer):
+class CheckpointConsumer(_ConsumerBase):
     """Assigned like a stream consumer, but keeps its positions itself (no broker acks).
 
     :meth:`checkpoint` returns a JSON-serialisable :class:`Checkpoint` covering every message
@@ -718,7 +697,7 @@ class CheckpointConsumer(_AssignedConsumer):
     API, hence ``admin_token`` when the brokers require one).
     """
 
-    consumer_type = ConsumerType.CHECKPOINT
+    consumer_type = proto.ConsumerType.CHECKPOINT
 
     def __init__(
         self,
@@ -729,23 +708,10 @@ class CheckpointConsumer(_AssignedConsumer):
         name: str,
         *,
         start_from: Checkpoint | None = None,
-        permits: int = 1000,
-        receive_queue: int = 10_000,
-        session: aiohttp.ClientSession | None = None,
-        heartbeat: float = 20.0,
         admin_token: str | None = None,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
-        super().__init__(
-            service_url,
-            namespace,
-            topic,
-            subscription,
-            name,
-            permits=permits,
-            receive_queue=receive_queue,
-            session=session,
-            heartbeat=heartbeat,
-        )
+        super().__init__(service_url, namespace, topic, subscription, name, **options)
         if start_from is not None and (
             start_from.namespace != namespace or start_from.topic != topic
         ):
@@ -776,13 +742,8 @@ class CheckpointConsumer(_AssignedConsumer):
         if message.last_in_entry:
             self._report_position(message.segment_id, message.position)
 
-    def _apply_assignment(self, message: AssignmentMessage) -> None:
-        super()._apply_assignment(message)
-        for event in self._state_changed.values():
-            event.set()
-
-    def _on_dag(self, dag: DagMessage) -> None:
-        super()._on_dag(dag)
+    def _evaluate(self) -> None:
+        super()._evaluate()
         for event in self._state_changed.values():
             event.set()
 
@@ -840,17 +801,32 @@ class CheckpointConsumer(_AssignedConsumer):
         await super()._segment_done(reader)
 
 
-# -- queue: every segment, individual acks, no controller -------------------------------------
+# -- queue: entry buckets, individual acks --------------------------------------------------
 
 
 class QueueConsumer(_ConsumerBase):
-    """Shared consumption of a Queue subscription: any number of queue consumers attach to every
-    segment with backlog and the brokers spread entries among them; acks are individual.
+    """A worker of a Queue subscription: any number of workers share it, messages are
+    acknowledged one by one, and (``ordered=True``, the default) each key is processed by one
+    worker at a time, in order.
 
-    With ``dag_order=True`` (default) a child segment is attached only once its parents are
-    drained for the subscription, which keeps a key's order across splits and merges for a
-    single consumer (across several queue consumers there is no order, as in any queue).
+    Ordered, the worker registers with the controller like a stream consumer
+    (``consumerType: queue``) and is assigned **entry buckets** of the segments (PIP-486): it
+    attaches to each assigned segment naming its buckets, and the broker delivers an entry only
+    to the owner of its bucket, in position order. A bucket taken away is handed over only after
+    the application has acknowledged (or negatively acknowledged) every message it took of it;
+    what was delivered but not taken yet is given back to the broker, which redelivers it to the
+    new owner first, in order. ``release_timeout`` bounds that wait (``None``: as long as it
+    takes - a shorter bound trades per-key order for progress when the application holds a
+    message forever). Across splits and merges a child's buckets are read only once the
+    parents are drained for the subscription, as for stream consumers.
+
+    ``ordered=False``: no controller session; the worker attaches to every segment of the topic
+    naming no buckets and the brokers spread entries round-robin among the workers (no order
+    across them). All workers of a subscription must use the same mode: a broker serves one
+    mode per segment at a time and refuses (then retries) a worker of the other.
     """
+
+    consumer_type = proto.ConsumerType.QUEUE
 
     def __init__(
         self,
@@ -860,90 +836,165 @@ class QueueConsumer(_ConsumerBase):
         subscription: str,
         name: str,
         *,
-        permits: int = 1000,
-        receive_queue: int = 10_000,
-        dag_order: bool = True,
-        session: aiohttp.ClientSession | None = None,
+        ordered: bool = True,
+        release_timeout: float | None = None,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
-        super().__init__(
-            service_url,
-            namespace,
-            topic,
-            subscription,
-            name,
-            permits=permits,
-            receive_queue=receive_queue,
-            session=session,
-        )
-        self.dag_order = dag_order
-        self._partial: dict[tuple[int, int], set[int]] = {}
+        super().__init__(service_url, namespace, topic, subscription, name, **options)
+        self.ordered = ordered
+        self.release_timeout = release_timeout
+        self.releases = 0
+        """Bucket groups handed over so far."""
 
-    async def start(self) -> None:
-        if self._started:
+    async def start(self, within: float = 60.0) -> None:
+        if self.ordered:
+            await super().start(within)
+        elif not self._started:
+            self._started = True
+            self._on_dag((await self._start_watcher()).dag)
+
+    @property
+    def buckets(self) -> dict[int, tuple[int, ...]]:
+        """Segment → the entry buckets assigned to this worker (ordered mode)."""
+        return {s: tuple(a.buckets or ()) for s, a in self._assignment.items()}
+
+    # -- what to read -------------------------------------------------------------------------
+
+    def _on_dag(self, dag: proto.DagMessage) -> None:
+        if self.ordered:
+            self._evaluate()
             return
-        self._started = True
-        watcher = await self._start_watcher()
-        self._on_dag(watcher.dag)
-
-    async def __aenter__(self) -> QueueConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def _on_dag(self, dag: DagMessage) -> None:
         present = {s.segment_id for s in dag.segments}
-        for segment_id in list(self._readers):
-            if segment_id not in present:
-                self._stop_reader(segment_id)
-        for segment in sorted(dag.segments, key=lambda s: (s.created_at_epoch, s.segment_id)):
-            if segment.segment_id in self._readers or segment.segment_id in self._drained:
-                continue
-            parents = [p for p in segment.parent_ids if p in present]
-            if self.dag_order and not set(parents) <= self._drained:
-                continue
+        for reader in list(self._readers.values()):
+            if reader.segment_id not in present:
+                self._stop_reader(reader)
+        for segment in dag.segments:
             self._start_reader(segment.segment_id)
 
+    def _evaluate(self) -> None:
+        if self.ordered:
+            super()._evaluate()
+
+    def _sync_segment(self, segment: proto.AssignedSegmentModel) -> None:
+        """Read exactly the assigned buckets: hand over those no longer ours, attach (on a new
+        connection) for the new ones once the segment is readable."""
+        wanted = frozenset(segment.buckets) if segment.buckets is not None else None
+        readers = self._readers_of(segment.segment_id)
+        for reader in readers:
+            if reader.buckets != wanted and (
+                wanted is None or reader.buckets is None or not reader.buckets <= wanted
+            ):
+                self._release(reader)
+        if not readable(segment, self._drained):
+            return
+        if wanted is None:
+            if not readers:
+                self._start_reader(segment.segment_id)
+            return
+        covered: set[int] = set()
+        for reader in readers:
+            covered |= reader.buckets or set()
+        missing = wanted - covered
+        if missing:
+            self._start_reader(segment.segment_id, frozenset(missing))
+
+    def _unassigned(self, reader: _Reader) -> None:
+        self._release(reader)
+
+    def _release(self, reader: _Reader) -> None:
+        """Hand ``reader``'s buckets over: take nothing more from it, let the application
+        settle what it took, then detach (the broker redelivers the rest to the new owner)."""
+        if reader.releasing or reader.stopped:
+            return
+        reader.releasing = True
+        self._spawn(self._finish_release(reader), f"release-{reader.segment_id}")
+
+    async def _finish_release(self, reader: _Reader) -> None:
+        if reader.started:
+            log.info(
+                "segment %d buckets %s: handing over after %d entries in progress",
+                reader.segment_id,
+                sorted(reader.buckets or ()),
+                len(reader.started),
+            )
+            try:
+                async with asyncio.timeout(self.release_timeout):
+                    while reader.started:
+                        reader.settled.clear()
+                        await reader.settled.wait()
+            except TimeoutError:
+                log.warning(
+                    "segment %d: %d entries still in progress after %ss; handing over anyway",
+                    reader.segment_id,
+                    len(reader.started),
+                    self.release_timeout,
+                )
+        task = reader.task
+        self._stop_reader(reader)
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+        self.releases += 1
+        self._evaluate()
+
+    # -- reading ------------------------------------------------------------------------------
+
     async def _pump(self, reader: _Reader, consumer: SegmentConsumer) -> bool:
-        while not reader.stopped:
+        while not reader.stopped and not reader.releasing:
             await self._wait_room()
+            if reader.releasing:
+                break
             item = await consumer.receive()
             if item is None:
                 return True
-            self._delivery.put(reader, entry_messages(reader.segment_id, item))
+            if not reader.releasing:
+                self._delivery.put(reader, entry_messages(reader.segment_id, item))
+        # Handing the buckets over: take nothing more; the release stops this reader.
+        await reader.halted.wait()
         return False
 
-    async def _segment_done(self, reader: _Reader) -> None:
-        self._drained.add(reader.segment_id)
-        if self._readers.get(reader.segment_id) is reader:
-            del self._readers[reader.segment_id]
-        if self._watcher is not None:
-            self._on_dag(self._watcher.dag)
+    def _delivered(self, reader: _Reader, message: Message) -> None:
+        reader.started.setdefault(message.position, set())
+
+    def _holder(self, message: Message) -> _Reader | None:
+        """The reader that handed ``message`` out, while it is still in progress."""
+        for reader in self._readers_of(message.segment_id):
+            if message.position in reader.started:
+                return reader
+        return None
+
+    def _settle(self, reader: _Reader, position: int) -> None:
+        del reader.started[position]
+        if not reader.started:
+            reader.settled.set()
 
     async def ack(self, message: Message) -> None:
         self.ack_nowait(message)
 
     def ack_nowait(self, message: Message) -> None:
-        """Acknowledge one message (the broker is told once all of its entry is acknowledged)."""
-        reader = self._readers.get(message.segment_id)
-        if reader is None or reader.consumer is None:
-            return  # the connection is gone: the broker redelivers the entry
-        if message.batch_size > 1:
-            key = (message.segment_id, message.position)
-            seen = self._partial.setdefault(key, set())
-            seen.add(message.batch_index)
-            if len(seen) < message.batch_size:
-                return
-            del self._partial[key]
-        reader.consumer.ack(message.position)
+        """Acknowledge one message (the broker is told once all of its entry is acknowledged).
+        A message whose connection is gone is not acknowledged: the broker redelivers it."""
+        reader = self._holder(message)
+        if reader is None:
+            return
+        acked = reader.started[message.position]
+        acked.add(message.batch_index)
+        if len(acked) < message.batch_size:
+            return
+        self._settle(reader, message.position)
+        if reader.consumer is not None:
+            reader.consumer.ack(message.position)
 
     def nack(self, message: Message) -> None:
-        """Give the message's entry back for redelivery (to any consumer)."""
-        reader = self._readers.get(message.segment_id)
-        if reader is not None and reader.consumer is not None:
-            self._partial.pop((message.segment_id, message.position), None)
+        """Give the message's entry back for redelivery (ordered: to the bucket's owner, which
+        may be this worker again, after the entries it already holds of that bucket)."""
+        reader = self._holder(message)
+        if reader is None:
+            return
+        self._settle(reader, message.position)
+        if reader.consumer is not None:
             reader.consumer.nack([message.position])
 
-    async def close(self) -> None:
-        await self._close_common()
+    async def _segment_done(self, reader: _Reader) -> None:
+        await super()._segment_done(reader)
+        if not self.ordered and self._watcher is not None:
+            self._on_dag(self._watcher.dag)

@@ -162,15 +162,26 @@ class SyncConsumer:
             raise TypeError("a checkpoint consumer does not acknowledge; use checkpoint()")
         self._thread.run(consumer.ack(message), 30)
 
+    def nack(self, message: Message) -> None:
+        """Give a queue consumer's message back for redelivery."""
+        consumer = self._consumer
+        if not isinstance(consumer, QueueConsumer):
+            raise TypeError("only a queue consumer gives messages back")
+        self._on_loop(lambda: consumer.nack(message))
+
     def checkpoint(self) -> Checkpoint:
         consumer = self._consumer
         if not isinstance(consumer, CheckpointConsumer):
             raise TypeError("only a checkpoint consumer has checkpoints")
+        return self._on_loop(consumer.checkpoint)
 
-        async def take() -> Checkpoint:
-            return consumer.checkpoint()
+    def _on_loop(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the consumer's loop (the consumer is not thread-safe)."""
 
-        return self._thread.run(take(), 30)
+        async def run() -> T:
+            return fn()
+
+        return self._thread.run(run(), 30)
 
     def call(self, fn: Callable[[_AnyConsumer], Awaitable[T]], timeout: float | None = 60) -> T:
         """Run ``fn(consumer)`` on the consumer's loop and wait for it."""

@@ -1,8 +1,11 @@
-"""The consumer hub: the leader's live side of stream/checkpoint subscriptions (DESIGN §3, §6).
+"""The consumer hub: the leader's live side of subscriptions (DESIGN §3, §6, PIP-486).
 
-Per topic and subscription the hub holds one :class:`~scalable_topics.core.assignment.
-SubscriptionCoordinator` (the pure state machine), the consumer WebSockets of that subscription,
-one asyncio timer for the coordinator's next grace deadline, and at most one in-flight persist.
+Per topic and subscription the hub holds one coordinator (the pure state machine of
+:mod:`scalable_topics.core.assignment`: a ``SubscriptionCoordinator`` handing whole segments to
+the stream/checkpoint consumers of a Stream subscription, a ``QueueCoordinator`` handing entry
+buckets to the queue consumers of a Queue subscription), the consumer WebSockets of that
+subscription, one asyncio timer for the coordinator's next grace deadline, and at most one
+in-flight persist.
 
 Every event - a consumer registering, dropping, unregistering or reporting a drained segment, a
 grace period running out, a layout change, a drain observed by the controller - goes through the
@@ -22,9 +25,10 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,10 +38,13 @@ from pydantic import BaseModel
 from ..core.assignment import (
     AssignmentStrategy,
     ConsumerAssignment,
+    Coordinator,
     CoordinatorResult,
+    QueueCoordinator,
     SubscriptionCoordinator,
 )
 from ..core.layout import SegmentLayout
+from ..core.resources import SUBSCRIPTION_NAME_PATTERN
 from ..core.sessions import (
     AssignmentMessage,
     CloseCode,
@@ -199,12 +206,16 @@ class ConsumerSession:
 @dataclass(eq=False)
 class _Subscription:
     name: str
-    coordinator: SubscriptionCoordinator
+    coordinator: Coordinator[Any]
     sessions: dict[str, ConsumerSession] = field(default_factory=dict)
     positions: dict[str, dict[int, int]] = field(default_factory=dict)
     timer: asyncio.TimerHandle | None = None
     persist_pending: dict[str, Any] | None = None
     persist_task: asyncio.Task[None] | None = None
+
+    @property
+    def queue(self) -> bool:
+        return isinstance(self.coordinator, QueueCoordinator)
 
 
 @dataclass(eq=False)
@@ -215,6 +226,8 @@ class _Topic:
     grace_period: float
     subscriptions: dict[str, _Subscription] = field(default_factory=dict)
     watch_task: asyncio.Task[None] | None = None
+    queues_known: bool = False
+    """The caller named the topic's Queue subscriptions (else they are served as they come)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -243,8 +256,8 @@ def _fields(
 
 
 def _normalised(status: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of a subscription status that :meth:`SubscriptionCoordinator.to_status`
-    writes, in its canonical form, to tell whether a persisted status is current."""
+    """The fields of a subscription status that :meth:`Coordinator.to_status` writes, in its
+    canonical form, to tell whether a persisted status is current."""
     consumers = status.get("consumers") or []
     return {
         "layoutEpoch": status.get("layoutEpoch"),
@@ -271,9 +284,10 @@ class ConsumerHub:
     """Consumer controller sessions of the topics this replica leads.
 
     ``persist(namespace, topic, subscription, status)`` writes a subscription's
-    :meth:`~SubscriptionCoordinator.to_status` into ``status.subscriptions`` (the reconciler's
-    CAS write); ``on_consumers_changed(namespace, topic)`` is called when the registered
-    consumers of a topic changed (event-driven autoscale). ``clock`` gives Unix seconds.
+    :meth:`~Coordinator.to_status` into ``status.subscriptions`` (the reconciler's CAS write; a
+    Queue subscription's status carries ``"type": "Queue"``); ``on_consumers_changed(namespace,
+    topic)`` is called when the registered consumers of a topic changed (event-driven
+    autoscale). ``clock`` gives Unix seconds.
 
     The sync methods must be called on the event loop that serves the sessions.
     """
@@ -317,15 +331,24 @@ class ConsumerHub:
         *,
         grace_period: float,
         strategies: Mapping[str, str],
+        queues: Collection[str] | None = None,
     ) -> None:
-        """Take the topic's stream subscriptions over (``strategies``: name → assignment
-        strategy, one entry per Stream subscription of the spec).
+        """Take the topic's subscriptions over: ``strategies`` maps each Stream subscription of
+        the spec to its assignment strategy, ``queues`` names its Queue subscriptions.
 
         For a topic the hub does not serve yet (a new leader), every subscription is restored
         from its entry in ``subscriptions_status`` with a fresh grace period for every consumer.
-        A subscription without an entry is new: its subscription exists on no sealed segment
-        (the operator creates cursors on active segments only), so the sealed segments count as
-        drained for it. The status is written back when restoring changed it.
+        A Stream subscription without an entry is new: its subscription exists on no sealed
+        segment (the operator creates cursors on active segments only), so the sealed segments
+        count as drained for it. A Queue subscription without an entry drains nothing up front:
+        its consumers attach to the sealed segments too, and one that the subscription never had
+        (or has drained) ends at once, so no backlog can be skipped. The status is written back
+        when restoring changed it.
+
+        ``queues=None`` (the caller does not say which subscriptions are Queue ones): a Queue
+        subscription is served once something names it - a status entry of type ``Queue``, or a
+        queue consumer registering for a name that is not a Stream subscription - and is not
+        dropped here.
 
         Calling it again for a served topic applies spec changes: new subscriptions are added,
         removed ones are dropped (their consumers are closed with ``INVALID_SUBSCRIPTION``), a
@@ -350,32 +373,38 @@ class ConsumerHub:
         elif layout.epoch > state.layout.epoch:
             self.layout_changed(namespace, topic, layout)
         state.grace_period = grace_period
+        state.queues_known = queues is not None
         entries = {
             str(e["name"]): e
             for e in subscriptions_status
             if isinstance(e, Mapping) and isinstance(e.get("name"), str)
         }
+        if queues is None:
+            queue_names = {n for n, sub in state.subscriptions.items() if sub.queue} | {
+                n for n, e in entries.items() if e.get("type") == "Queue"
+            }
+        else:
+            queue_names = set(queues)
+        queue_names -= set(strategies)
         changed = False
-        for name in sorted(set(state.subscriptions) - set(strategies)):
-            self._drop_subscription(state, state.subscriptions.pop(name), "removed from the spec")
-            changed = True
-        for name, strategy in sorted(strategies.items()):
-            sub = state.subscriptions.get(name)
-            if sub is None:
-                coordinator = self._restored(state, name, entries.get(name), strategy, now)
-                sub = _Subscription(name, coordinator)
-                state.subscriptions[name] = sub
-                status = coordinator.to_status()
-                entry = entries.get(name)
-                if entry is None or _differs(entry, status):
-                    self._persist(state, sub, status)
-                changed = changed or bool(coordinator.sessions())
-                self._arm(state, sub)
-            elif (
-                AssignmentStrategy(strategy) is not sub.coordinator.strategy
-                or grace_period != sub.coordinator.grace_period
+        for name, sub in sorted(state.subscriptions.items()):
+            if name not in (queue_names if sub.queue else strategies):
+                self._drop_subscription(
+                    state, state.subscriptions.pop(name), "removed from the spec"
+                )
+                changed = True
+        for name in sorted(queue_names | set(strategies)):
+            strategy = strategies.get(name)
+            current = state.subscriptions.get(name)
+            if current is None:
+                added = self._add_subscription(state, name, entries.get(name), strategy, now)
+                changed = changed or bool(added.coordinator.sessions())
+            elif grace_period != current.coordinator.grace_period or (
+                strategy is not None
+                and isinstance(current.coordinator, SubscriptionCoordinator)
+                and AssignmentStrategy(strategy) is not current.coordinator.strategy
             ):
-                self._rebuild(state, sub, strategy, now)
+                self._rebuild(state, current, strategy, now)
         if changed:
             self._notify(state)
 
@@ -394,8 +423,9 @@ class ConsumerHub:
             return
         state.layout = layout
         now = self._clock()
+        counts = self._bucket_counts(state)
         for sub in list(state.subscriptions.values()):
-            self._event(state, sub, lambda c: c.layout_changed(layout, now))
+            self._event(state, sub, lambda c: c.layout_changed(layout, now, buckets=counts))
 
     def segment_drained(
         self, namespace: str, topic: str, subscription: str, segment_id: int
@@ -419,11 +449,15 @@ class ConsumerHub:
             )
 
     def stream_consumer_counts(self, namespace: str, topic: str) -> dict[str, int]:
-        """Subscription → registered consumers (connected or in their grace period)."""
+        """Stream subscription → registered consumers (connected or in their grace period)."""
         state = self._topics.get((namespace, topic))
         if state is None:
             return {}
-        return {name: len(sub.coordinator.sessions()) for name, sub in state.subscriptions.items()}
+        return {
+            name: len(sub.coordinator.sessions())
+            for name, sub in state.subscriptions.items()
+            if not sub.queue
+        }
 
     def forget_topic(self, namespace: str, topic: str) -> None:
         """Stop serving the topic (deleted, or its shard lost): close its consumer sockets with a
@@ -498,9 +532,7 @@ class ConsumerHub:
     def serves(self, namespace: str, topic: str) -> bool:
         return (namespace, topic) in self._topics
 
-    def coordinator(
-        self, namespace: str, topic: str, subscription: str
-    ) -> SubscriptionCoordinator | None:
+    def coordinator(self, namespace: str, topic: str, subscription: str) -> Coordinator[Any] | None:
         state = self._topics.get((namespace, topic))
         sub = state.subscriptions.get(subscription) if state else None
         return sub.coordinator if sub else None
@@ -538,20 +570,7 @@ class ConsumerHub:
                     reason=f"the controller is not serving consumers of {namespace}/{topic} yet",
                 ),
             )
-        sub = state.subscriptions.get(message.subscription)
-        if sub is None:
-            known = ", ".join(sorted(state.subscriptions)) or "none"
-            raise SessionRejected(
-                CloseCode.INVALID_SUBSCRIPTION,
-                ErrorMessage(
-                    code=ErrorCode.INVALID_SUBSCRIPTION,
-                    message=(
-                        f"subscription {message.subscription!r} is not a Stream subscription of "
-                        f"topic {state} (Stream subscriptions: {known}); Queue subscriptions "
-                        "attach to every segment without a controller session"
-                    ),
-                ),
-            )
+        sub = self._subscription_for(state, message)
         session = ConsumerSession(
             ws,
             namespace=namespace,
@@ -578,6 +597,8 @@ class ConsumerHub:
                 "replaced by a newer session",
             )
         now = self._clock()
+        if sub.queue:
+            self._sync_buckets(state, sub, self._bucket_counts(state))
         log.info(
             "consumer hub: %s %s: consumer %s registered (%s, session %d)",
             state,
@@ -609,38 +630,13 @@ class ConsumerHub:
             found[1].positions.setdefault(session.consumer, {})[segment_id] = position
 
     def unregister(self, session: ConsumerSession) -> None:
-        """The consumer leaves for good: redistribute its segments now and close its socket."""
-        found = self._current(session)
-        if found is not None:
-            state, sub = found
-            del sub.sessions[session.consumer]
-            log.info(
-                "consumer hub: %s %s: consumer %s unregistered",
-                state,
-                sub.name,
-                session.consumer,
-                extra=_fields("consumer.unregistered", state, sub, session.consumer),
-            )
-            now = self._clock()
-            self._event(state, sub, lambda c: c.unregister(session.consumer, now))
+        """The consumer leaves for good: redistribute its units now and close its socket."""
+        self._leave(session, "unregistered", lambda c, now: c.unregister(session.consumer, now))
         session.finish(None, CloseCode.NORMAL, "unregistered")
 
     def session_closed(self, session: ConsumerSession) -> None:
         """The socket is gone: the consumer's grace period starts (if it still was current)."""
-        found = self._current(session)
-        if found is not None:
-            state, sub = found
-            del sub.sessions[session.consumer]
-            log.info(
-                "consumer hub: %s %s: consumer %s disconnected (grace %.1fs)",
-                state,
-                sub.name,
-                session.consumer,
-                sub.coordinator.grace_period,
-                extra=_fields("consumer.disconnected", state, sub, session.consumer),
-            )
-            now = self._clock()
-            self._event(state, sub, lambda c: c.disconnect(session.consumer, now))
+        self._leave(session, "disconnected", lambda c, now: c.disconnect(session.consumer, now))
         session.finish(None, CloseCode.GOING_AWAY, "session closed")
 
     # -- internals ----------------------------------------------------------------------------
@@ -652,19 +648,81 @@ class ConsumerHub:
             return None
         return state, sub
 
-    def _restored(
+    def _leave(
+        self,
+        session: ConsumerSession,
+        what: str,
+        event: Callable[[Coordinator[Any], float], CoordinatorResult],
+    ) -> None:
+        """The consumer of ``session`` unregistered or disconnected (if the session still was
+        current)."""
+        found = self._current(session)
+        if found is None:
+            return
+        state, sub = found
+        del sub.sessions[session.consumer]
+        log.info(
+            "consumer hub: %s %s: consumer %s %s (grace %.1fs)",
+            state,
+            sub.name,
+            session.consumer,
+            what,
+            sub.coordinator.grace_period if what == "disconnected" else 0.0,
+            extra=_fields(f"consumer.{what}", state, sub, session.consumer),
+        )
+        now = self._clock()
+        self._event(state, sub, lambda c: event(c, now))
+
+    def _subscription_for(self, state: _Topic, message: RegisterMessage) -> _Subscription:
+        """The subscription a registration is for, if its consumer type fits it; a Queue
+        subscription not known yet is added when the caller did not name the Queue
+        subscriptions (see :meth:`restore`)."""
+        name = message.subscription
+        queue = message.consumer_type is ConsumerType.QUEUE
+        sub = state.subscriptions.get(name)
+        if (
+            sub is None
+            and queue
+            and not state.queues_known
+            and re.fullmatch(SUBSCRIPTION_NAME_PATTERN, name) is not None
+        ):
+            sub = self._add_subscription(state, name, None, None, self._clock())
+        if sub is not None and sub.queue == queue:
+            return sub
+        if sub is not None:
+            kind, use = (
+                ("Queue", "a queue consumer")
+                if sub.queue
+                else ("Stream", "a stream or checkpoint consumer")
+            )
+            text = f"subscription {name!r} of topic {state} is a {kind} subscription: use {use}"
+        else:
+            kind = "Queue" if queue else "Stream"
+            known = ", ".join(n for n, s in sorted(state.subscriptions.items()) if s.queue == queue)
+            text = (
+                f"subscription {name!r} is not a {kind} subscription of topic {state} "
+                f"({kind} subscriptions: {known or 'none'})"
+            )
+        raise SessionRejected(
+            CloseCode.INVALID_SUBSCRIPTION,
+            ErrorMessage(code=ErrorCode.INVALID_SUBSCRIPTION, message=text),
+        )
+
+    def _add_subscription(
         self,
         state: _Topic,
         name: str,
         entry: Mapping[str, Any] | None,
-        strategy: str,
+        strategy: str | None,
         now: float,
-    ) -> SubscriptionCoordinator:
+    ) -> _Subscription:
+        """Serve subscription ``name`` (a Stream one with ``strategy``, else a Queue one),
+        restored from its status ``entry`` when it has a usable one; the status is written when
+        it differs."""
+        coordinator: Coordinator[Any] | None = None
         if entry is not None:
             try:
-                return SubscriptionCoordinator.from_status(
-                    entry, state.layout, now, grace_period=state.grace_period, strategy=strategy
-                )
+                coordinator = self._coordinator_from(state, entry, strategy, now)
             except ValueError as exc:
                 log.warning(
                     "consumer hub: %s %s: persisted registrations unusable (%s); starting afresh",
@@ -673,37 +731,82 @@ class ConsumerHub:
                     exc,
                     extra=_fields("subscription.status_unusable", state, subscription=name),
                 )
+        sub = _Subscription(name, coordinator or self._new_coordinator(state, strategy))
+        state.subscriptions[name] = sub
+        status = sub.coordinator.to_status()
+        if entry is None or _differs(entry, status):
+            self._persist(state, sub, status)
+        self._arm(state, sub)
+        return sub
+
+    def _new_coordinator(self, state: _Topic, strategy: str | None) -> Coordinator[Any]:
+        """A new subscription's coordinator. A Stream subscription exists on no sealed segment
+        (the operator creates cursors on active segments only), so they count as drained; a
+        Queue one drains nothing up front (see :meth:`restore`)."""
+        if strategy is None:
+            return QueueCoordinator(
+                state.layout, buckets=self._bucket_counts(state), grace_period=state.grace_period
+            )
         sealed = [i for i, s in state.layout.segments.items() if not s.active]
         return SubscriptionCoordinator(
             state.layout, strategy=strategy, grace_period=state.grace_period, drained=sealed
         )
 
-    def _rebuild(self, state: _Topic, sub: _Subscription, strategy: str, now: float) -> None:
+    def _coordinator_from(
+        self, state: _Topic, status: Mapping[str, Any], strategy: str | None, now: float
+    ) -> Coordinator[Any]:
+        """A Stream (``strategy``) or Queue (``None``) subscription's coordinator restored from
+        ``status`` under the topic's layout, grace period and bucket counts."""
+        if strategy is None:
+            return QueueCoordinator.from_status(
+                status,
+                state.layout,
+                now,
+                buckets=self._bucket_counts(state),
+                grace_period=state.grace_period,
+            )
+        return SubscriptionCoordinator.from_status(
+            status, state.layout, now, grace_period=state.grace_period, strategy=strategy
+        )
+
+    def _rebuild(self, state: _Topic, sub: _Subscription, strategy: str | None, now: float) -> None:
         log.info(
             "consumer hub: %s %s: strategy %s, grace %.1fs",
             state,
             sub.name,
-            strategy,
+            strategy or "queue",
             state.grace_period,
-            extra=_fields("subscription.reconfigured", state, sub, strategy=strategy),
+            extra=_fields("subscription.reconfigured", state, sub, strategy=strategy or "queue"),
         )
         before = set(sub.coordinator.sessions())
-        sub.coordinator = SubscriptionCoordinator.from_status(
-            sub.coordinator.to_status(),
-            state.layout,
-            now,
-            grace_period=state.grace_period,
-            strategy=strategy,
-        )
+        sub.coordinator = self._coordinator_from(state, sub.coordinator.to_status(), strategy, now)
         for name in sorted(sub.sessions):
             self._apply(state, sub, sub.coordinator.register(name, now), before)
         self._arm(state, sub)
+
+    def _bucket_counts(self, state: _Topic) -> dict[int, int]:
+        """Bucket count of every segment the topic's DAG knows it of."""
+        dag = self._dags.dag(state.namespace, state.name) if self._dags else None
+        if dag is None:
+            return {}
+        return {s.segment_id: s.buckets for s in dag.segments if s.buckets is not None}
+
+    def _sync_buckets(self, state: _Topic, sub: _Subscription, counts: Mapping[int, int]) -> None:
+        """Give a queue subscription the bucket counts it does not know yet."""
+        coordinator = sub.coordinator
+        if not isinstance(coordinator, QueueCoordinator):
+            return
+        known = coordinator.buckets
+        new = {s: n for s, n in counts.items() if known.get(s) != n}
+        if new:
+            now = self._clock()
+            self._event(state, sub, lambda _: coordinator.buckets_changed(new, now))
 
     def _event(
         self,
         state: _Topic,
         sub: _Subscription,
-        event: Callable[[SubscriptionCoordinator], CoordinatorResult],
+        event: Callable[[Coordinator[Any]], CoordinatorResult],
     ) -> CoordinatorResult:
         before = set(sub.coordinator.sessions())
         result = event(sub.coordinator)
@@ -854,15 +957,16 @@ class ConsumerHub:
         if self._dags is None or (state.watch_task is not None and not state.watch_task.done()):
             return
         state.watch_task = asyncio.create_task(
-            self._watch_brokers(state), name=f"consumer-hub-watch-{state}"
+            self._watch_dag(state), name=f"consumer-hub-watch-{state}"
         )
 
-    async def _watch_brokers(self, state: _Topic) -> None:
-        """Re-send an assignment when a broker URL in it changed (a segment placed or moved).
+    async def _watch_dag(self, state: _Topic) -> None:
+        """Re-send an assignment when a broker URL in it changed (a segment placed or moved),
+        and give queue subscriptions the bucket counts the DAG learnt.
 
         A layout commit reaches the hub (``layout_changed``) and the topic cache in either
-        order; assignments pushed before the cache knew the new segments' brokers carry
-        ``brokerUrl: null`` and are completed here.
+        order; assignments pushed before the cache knew the new segments' brokers (or bucket
+        counts) are completed here.
         """
         dags = self._dags
         if dags is None:
@@ -871,8 +975,10 @@ class ConsumerHub:
             async for dag in dags.watch(state.namespace, state.name):
                 if self._topics.get(state.key) is not state:
                     return
+                counts = {s.segment_id: s.buckets for s in dag.segments if s.buckets is not None}
                 brokers = dag.brokers()
-                for sub in state.subscriptions.values():
+                for sub in list(state.subscriptions.values()):
+                    self._sync_buckets(state, sub, counts)
                     for session in sub.sessions.values():
                         if any(brokers.get(i) != url for i, url in session.sent_brokers.items()):
                             assignment = sub.coordinator.assignment(session.consumer)
@@ -880,4 +986,4 @@ class ConsumerHub:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("consumer hub: %s: DAG watch for broker URLs failed", state)
+            log.exception("consumer hub: %s: DAG watch failed", state)

@@ -5,9 +5,10 @@ Routes (aiohttp, port 8080):
 * ``GET /v1/topics/{namespace}/{name}/dag`` - DAG watch session, served by every replica from
   its topic cache: the full DAG on connect, then one message per change. Without a WebSocket
   upgrade it returns the current DAG as JSON (``stopic dag``, curl).
-* ``GET /v1/topics/{namespace}/{name}/consumers`` - consumer controller session, served only
-  by the leader of the topic's shard (others answer ``307`` to the leader, or ``503`` with
-  ``Retry-After`` while no leader is known). The consumer side lives in :mod:`.consumers`.
+* ``GET /v1/topics/{namespace}/{name}/consumers`` - consumer controller session (stream,
+  checkpoint and queue consumers), served only by the leader of the topic's shard (others
+  answer ``307`` to the leader, or ``503`` with ``Retry-After`` while no leader is known). The
+  consumer side lives in :mod:`.consumers`.
 * ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``.
 
 Nothing a client sends can crash the server: a malformed message gets an ``error`` message and
@@ -220,20 +221,25 @@ def make_app(
     return app
 
 
+async def _close_unknown_topic(
+    ws: web.WebSocketResponse, namespace: str, name: str, *, deleted: bool = False
+) -> None:
+    what = "was deleted" if deleted else "not found"
+    await _send_and_close(
+        ws,
+        ErrorMessage(code=ErrorCode.UNKNOWN_TOPIC, message=f"topic {namespace}/{name} {what}"),
+        CloseCode.UNKNOWN_TOPIC,
+        "topic deleted" if deleted else "unknown topic",
+    )
+
+
 # -- DAG watch --------------------------------------------------------------------------------
 
 
 async def _serve_dag(ws: web.WebSocketResponse, dags: DagSource, namespace: str, name: str) -> None:
     dag = dags.dag(namespace, name)
     if dag is None:
-        await _send_and_close(
-            ws,
-            ErrorMessage(
-                code=ErrorCode.UNKNOWN_TOPIC, message=f"topic {namespace}/{name} not found"
-            ),
-            CloseCode.UNKNOWN_TOPIC,
-            "unknown topic",
-        )
+        await _close_unknown_topic(ws, namespace, name)
         return
     log.debug("DAG watch of %s/%s opened", namespace, name)
     reader = asyncio.create_task(_ignore_incoming(ws))
@@ -245,14 +251,7 @@ async def _serve_dag(ws: web.WebSocketResponse, dags: DagSource, namespace: str,
             task.cancel()
         await asyncio.gather(reader, pusher, return_exceptions=True)
     if pusher in done and not pusher.cancelled() and pusher.exception() is None:
-        await _send_and_close(
-            ws,
-            ErrorMessage(
-                code=ErrorCode.UNKNOWN_TOPIC, message=f"topic {namespace}/{name} was deleted"
-            ),
-            CloseCode.UNKNOWN_TOPIC,
-            "topic deleted",
-        )
+        await _close_unknown_topic(ws, namespace, name, deleted=True)
     elif pusher in done and not pusher.cancelled() and pusher.exception() is not None:
         log.error("DAG watch of %s/%s failed", namespace, name, exc_info=pusher.exception())
         await _send_and_close(ws, None, CloseCode.GOING_AWAY, "DAG watch failed")
@@ -298,14 +297,7 @@ async def _serve_consumer(
     register_timeout: float,
 ) -> None:
     if dags.dag(namespace, name) is None:
-        await _send_and_close(
-            ws,
-            ErrorMessage(
-                code=ErrorCode.UNKNOWN_TOPIC, message=f"topic {namespace}/{name} not found"
-            ),
-            CloseCode.UNKNOWN_TOPIC,
-            "unknown topic",
-        )
+        await _close_unknown_topic(ws, namespace, name)
         return
     try:
         first = await ws.receive(timeout=register_timeout)
@@ -328,7 +320,7 @@ async def _serve_consumer(
                 f"the first message must be 'register', got {message.type!r}"
             )
         session = hub.open_session(namespace, name, message, ws)
-    except SessionProtocolError as exc:
+    except (SessionProtocolError, SessionRejected) as exc:
         log.info(
             "consumer session for %s/%s refused: %s",
             namespace,
@@ -336,17 +328,10 @@ async def _serve_consumer(
             exc,
             extra={"event": "consumer.refused", "topic": f"{namespace}/{name}"},
         )
-        await _send_and_close(ws, _protocol_error(str(exc)), CloseCode.BAD_MESSAGE, str(exc))
-        return
-    except SessionRejected as exc:
-        log.info(
-            "consumer session for %s/%s refused: %s",
-            namespace,
-            name,
-            exc,
-            extra={"event": "consumer.refused", "topic": f"{namespace}/{name}"},
-        )
-        await _send_and_close(ws, exc.message, exc.code, str(exc))
+        if isinstance(exc, SessionRejected):
+            await _send_and_close(ws, exc.message, exc.code, str(exc))
+        else:
+            await _send_and_close(ws, _protocol_error(str(exc)), CloseCode.BAD_MESSAGE, str(exc))
         return
     try:
         await _consume_messages(ws, hub, session)

@@ -1,10 +1,21 @@
-"""Consumer assignment for stream and checkpoint subscriptions (DESIGN §3, PIP-468).
+"""Consumer assignment for stream, checkpoint and queue subscriptions (DESIGN §3, PIP-468,
+PIP-486).
 
-One :class:`SubscriptionCoordinator` per subscription is a pure state machine: events go in
-(``register``, ``disconnect``, ``unregister``, ``tick``, ``layout_changed``, ``drained``), each
-with the current time, and every event returns a :class:`CoordinatorResult` describing the
-assignment changes and the effects the caller must carry out (write ``status.subscriptions``,
-push assignments to connected consumers). Nothing here reads a clock or does I/O.
+One coordinator per subscription is a pure state machine: events go in (``register``,
+``disconnect``, ``unregister``, ``tick``, ``layout_changed``, ``drained``), each with the current
+time, and every event returns a :class:`CoordinatorResult` describing the assignment changes and
+the effects the caller must carry out (write ``status.subscriptions``, push assignments to
+connected consumers). Nothing here reads a clock or does I/O.
+
+Two kinds share everything but the unit they hand out:
+
+* :class:`SubscriptionCoordinator` (Stream subscriptions, stream and checkpoint consumers) hands
+  out whole **segments**: one consumer per segment.
+* :class:`QueueCoordinator` (Queue subscriptions, queue consumers) hands out **units** - one
+  entry bucket of one segment, ``(segment, bucket)`` - so several workers share a segment while
+  every key (whose entries all fall in one bucket of its segment) has exactly one worker. The
+  brokers dispatch a bucket's entries only to the consumer naming it (PIP-486), in position
+  order, so a key is processed in order by one worker at a time.
 
 Vocabulary used throughout:
 
@@ -13,30 +24,41 @@ Vocabulary used throughout:
   treated as drained.
 * A tracked segment is **consumable** when none of its ancestors is still tracked, i.e. every
   parent (and, transitively, every grandparent) is drained or pruned. Initial segments are
-  consumable at once; split, merge and rebucket children are gated alike.
+  consumable at once; split, merge and rebucket children are gated alike. A segment drains as a
+  whole (the broker ends it once every entry is acknowledged), so a queue subscription's units
+  are gated by their segment.
 * Gating is done by *flagging*, not by withholding: a child that is not consumable yet is still
-  assigned (normally to its parent's consumer) with ``consumable=False`` and ``blocked_by`` set to
-  its undrained ancestors. The client must not read it before either the coordinator pushes it
-  as consumable, or the client itself has drained (and reported) every segment in
-  ``blocked_by`` - which it can only have done when it holds all of them. Holding the whole
-  lineage lets a consumer go from a parent to its children without waiting for a round trip.
-* A sealed, undrained segment is **pinned** to its consumer until that consumer reports it drained
-  (or leaves for good): moving it would hand the same backlog to two readers in turn.
+  assigned (normally near its parent's consumers) with ``consumable=False`` and ``blocked_by``
+  set to its undrained ancestors. The client must not read it before either the coordinator
+  pushes it as consumable, or the client itself has drained (and reported) every segment in
+  ``blocked_by`` - which it can only have done when it holds a share of all of them. Holding
+  the lineage lets a consumer go from a parent to its children without waiting for a round trip.
+* Stream only: a sealed, undrained segment is **pinned** to its consumer until that consumer
+  reports it drained (or leaves for good): moving it would hand the same backlog to two readers
+  in turn. Queue units of sealed segments do move (PIP-486: a sealed backlog fans out over the
+  workers); the client hands a bucket over only after the application settled what it took of
+  it, and the broker refuses a bucket to a second consumer while the first still holds it.
 
-Sessions: a disconnected consumer keeps its registration and its segments for the grace period.
-Under ``sticky`` its assignment is frozen meanwhile - nothing is taken from it and nothing new is
-given to it unless no consumer is connected - so a consumer returning within the grace period
-finds exactly the segments it left with (less those drained or pruned meanwhile). Under
-``round-robin`` a consumer in its grace period keeps its slot in the name order, as in PIP-468.
+Sessions: a disconnected consumer keeps its registration and its units for the grace period.
+Under ``sticky`` (and for queues) its assignment is frozen meanwhile - nothing is taken from it
+and nothing new is given to it unless no consumer is connected - so a consumer returning within
+the grace period finds exactly what it left with (less what was drained or pruned meanwhile).
+Under ``round-robin`` a consumer in its grace period keeps its slot in the name order, as in
+PIP-468.
+
+Persistence (``to_status``) records which segments each consumer holds a share of. A queue
+subscription restored from it (a new leader) gives each segment's holders contiguous slices of
+its buckets in name order (:func:`bucket_slices`); the live assignment may differ (units move
+one by one), so a failover can move a few buckets - safely, through the same hand-off.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 from .layout import HashRange, SegmentLayout, descriptor
 
@@ -47,14 +69,23 @@ __all__ = [
     "AssignmentStrategy",
     "ConsumerAssignment",
     "ConsumerSession",
+    "Coordinator",
     "CoordinatorResult",
     "PersistEffect",
     "PushEffect",
+    "QueueCoordinator",
     "SubscriptionCoordinator",
+    "Unit",
+    "bucket_slices",
     "round_robin",
 ]
 
 DEFAULT_GRACE_PERIOD = 60.0
+
+Unit = tuple[int, int]
+"""A queue subscription's unit of assignment: ``(segment id, entry bucket index)``."""
+
+K = TypeVar("K", bound=Hashable)
 
 
 class AssignmentStrategy(enum.StrEnum):
@@ -75,6 +106,18 @@ def round_robin(layout: SegmentLayout, consumers: Iterable[str]) -> dict[str, li
     return result
 
 
+def bucket_slices(holders: Iterable[str], buckets: int) -> dict[str, tuple[int, ...]]:
+    """Contiguous slices of ``buckets`` bucket indexes for ``holders`` in name order: holder
+    ``i`` of ``k`` gets ``[i * buckets // k, (i + 1) * buckets // k)``. With more holders than
+    buckets the last ones get empty slices."""
+    names = sorted(set(holders))
+    k = min(len(names), buckets)
+    slices: dict[str, tuple[int, ...]] = {name: () for name in names[k:]}
+    for i, name in enumerate(names[:k]):
+        slices[name] = tuple(range(i * buckets // k, (i + 1) * buckets // k))
+    return slices
+
+
 # -- what goes out ---------------------------------------------------------------------------
 
 
@@ -83,7 +126,9 @@ class AssignedSegment:
     """One segment of a consumer's assignment, with what the client needs to respect DAG order.
 
     ``blocked_by`` lists the segment's ancestors that are not drained yet for the subscription,
-    parents before children; it is empty exactly when ``consumable`` is true.
+    parents before children; it is empty exactly when ``consumable`` is true. ``buckets`` (queue
+    subscriptions only) are the entry buckets of the segment the consumer owns; ``None`` means
+    the whole segment.
     """
 
     segment_id: int
@@ -91,9 +136,10 @@ class AssignedSegment:
     sealed: bool
     consumable: bool
     blocked_by: tuple[int, ...] = ()
+    buckets: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "segmentId": self.segment_id,
             "descriptor": f"{self.hash_range.hex()}-{self.segment_id}",
             "hashRange": self.hash_range.to_dict(),
@@ -101,6 +147,9 @@ class AssignedSegment:
             "consumable": self.consumable,
             "blockedBy": list(self.blocked_by),
         }
+        if self.buckets is not None:
+            body["buckets"] = list(self.buckets)
+        return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +168,11 @@ class ConsumerAssignment:
     def consumable_ids(self) -> tuple[int, ...]:
         return tuple(s.segment_id for s in self.segments if s.consumable)
 
+    @property
+    def units(self) -> tuple[Unit, ...]:
+        """The ``(segment, bucket)`` units of a queue assignment (none for a stream one)."""
+        return tuple((s.segment_id, b) for s in self.segments for b in s.buckets or ())
+
     def to_dict(self) -> dict[str, Any]:
         """The body of the assignment message pushed to the consumer (camelCase JSON)."""
         return {
@@ -131,7 +185,8 @@ class ConsumerAssignment:
 @dataclass(frozen=True, slots=True)
 class AssignmentChange:
     """A consumer whose assignment changed: its new assignment (empty when it left) and the
-    segment ids added and removed. A change of flags alone has empty ``added``/``removed``."""
+    segment ids added and removed. A change of flags or buckets alone has empty
+    ``added``/``removed``."""
 
     consumer: str
     assignment: ConsumerAssignment
@@ -142,7 +197,7 @@ class AssignmentChange:
 @dataclass(frozen=True, slots=True)
 class PersistEffect:
     """The registrations (or the layout epoch they refer to) changed: write ``status``, a
-    snapshot of :meth:`SubscriptionCoordinator.to_status`, to the subscription's entry in
+    snapshot of :meth:`Coordinator.to_status`, to the subscription's entry in
     ``status.subscriptions``."""
 
     status: dict[str, Any]
@@ -162,10 +217,10 @@ class CoordinatorResult:
 
     ``changes`` covers every consumer whose assignment changed, connected or not (a consumer that
     left appears with an empty assignment); ``push`` only connected ones, plus a registering
-    consumer even when its assignment did not change. ``moved`` lists segments taken from one
-    consumer and given to another. ``rejected`` explains an event that was refused (a drained
-    report for a segment the consumer does not hold, a stale layout); nothing else changed then
-    except the expiry of grace periods that had run out.
+    consumer even when its assignment did not change. ``moved`` lists segments of which
+    something was taken from one consumer and given to another. ``rejected`` explains an event
+    that was refused (a drained report for a segment the consumer does not hold, a stale layout);
+    nothing else changed then except the expiry of grace periods that had run out.
     """
 
     changes: tuple[AssignmentChange, ...] = ()
@@ -185,42 +240,40 @@ class ConsumerSession:
     grace_deadline: float | None = None
 
 
-# -- the coordinator -------------------------------------------------------------------------
+# -- the coordinators ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
     sessions: frozenset[str]
     epoch: int
-    owner: dict[int, str]
+    owner: dict[Any, str]
+    holders: dict[int, frozenset[str]]
     drained: frozenset[int]
     consumable: frozenset[int]
     views: dict[str, ConsumerAssignment]
 
 
-class SubscriptionCoordinator:
-    """Segment-to-consumer assignment of one stream or checkpoint subscription.
+Counts = dict[str, int]
 
-    ``drained`` seeds the set of sealed segments this subscription has already drained (for a
-    subscription created on a topic that has sealed segments, the caller decides which of them
-    the subscription still has to read).
+
+class Coordinator(Generic[K]):
+    """What stream and queue coordinators share: sessions and grace periods, drain gating, the
+    sticky balancing of items (``K``: a segment id, or a queue unit), results and persistence.
+
+    Subclasses set their own attributes, then call ``super().__init__``.
     """
 
+    _sealed_movable: ClassVar[bool] = False
+    """Whether balancing may move items of sealed (consumable) segments."""
+    _spread_pending: ClassVar[bool] = False
+    """Not-yet-consumable items: ``True`` places each on a consumer with the fewest active
+    items (near its parents when that is one of them); ``False`` prefers the parents' consumer
+    up to a cap of the active items' fair share."""
+
     def __init__(
-        self,
-        layout: SegmentLayout,
-        *,
-        strategy: AssignmentStrategy | str = AssignmentStrategy.STICKY,
-        grace_period: float = DEFAULT_GRACE_PERIOD,
-        drained: Iterable[int] = (),
+        self, layout: SegmentLayout, *, grace_period: float, drained: Iterable[int]
     ) -> None:
-        try:
-            self._strategy = AssignmentStrategy(strategy)
-        except ValueError:
-            choices = ", ".join(s.value for s in AssignmentStrategy)
-            raise ValueError(
-                f"unknown assignment strategy {strategy!r}: use one of {choices}"
-            ) from None
         if not math.isfinite(grace_period) or grace_period < 0:
             raise ValueError(f"grace period must be a finite number >= 0, got {grace_period!r}")
         self._grace_period = float(grace_period)
@@ -234,20 +287,46 @@ class SubscriptionCoordinator:
                 self._drained.add(segment_id)
         # name -> grace deadline; None while connected
         self._sessions: dict[str, float | None] = {}
-        self._owner: dict[int, str] = {}
+        self._owner: dict[K, str] = {}
         self._blocked: dict[int, tuple[int, ...]] = {}
         self._consumable: frozenset[int] = frozenset()
         self._reconcile(was_consumable=frozenset())
+
+    # -- what subclasses define ---------------------------------------------------------------
+
+    def _items(self, segment_id: int) -> list[K]:
+        """The items of a tracked segment, in order (none while they cannot be assigned)."""
+        raise NotImplementedError
+
+    def _segment_of(self, item: K) -> int:
+        raise NotImplementedError
+
+    def _order(self, item: K) -> tuple[int, ...]:
+        """Sort key of an item inside its segment's DAG position."""
+        raise NotImplementedError
+
+    def _view_buckets(self, items: Sequence[K]) -> tuple[int, ...] | None:
+        raise NotImplementedError
+
+    def _affinity(self, item: K) -> set[str]:
+        """Consumers that should preferably get ``item`` (before eligibility and balance)."""
+        raise NotImplementedError
+
+    def _move_cost(self, item: K, rank: int, recipient_segments: set[int]) -> tuple[int, ...]:
+        """Which of a donor's items balancing moves first (the smallest)."""
+        raise NotImplementedError
+
+    def _assign(self, was_consumable: frozenset[int]) -> None:
+        self._assign_sticky(was_consumable)
+
+    def _learn_buckets(self, buckets: Mapping[int, int]) -> None:
+        """Bucket counts of segments (used by queue subscriptions only)."""
 
     # -- queries ------------------------------------------------------------------------------
 
     @property
     def layout(self) -> SegmentLayout:
         return self._layout
-
-    @property
-    def strategy(self) -> AssignmentStrategy:
-        return self._strategy
 
     @property
     def grace_period(self) -> float:
@@ -278,21 +357,31 @@ class SubscriptionCoordinator:
     def is_consumable(self, segment_id: int) -> bool:
         return segment_id in self._consumable
 
-    def owner_of(self, segment_id: int) -> str | None:
-        return self._owner.get(segment_id)
+    def holders(self, segment_id: int) -> tuple[str, ...]:
+        """The consumers holding (a share of) ``segment_id``, by name."""
+        return tuple(
+            sorted({n for i, n in self._owner.items() if self._segment_of(i) == segment_id})
+        )
 
     def unassigned(self) -> tuple[int, ...]:
-        """Tracked segments without a consumer (only while no consumer is registered)."""
-        return tuple(self._topo(s for s in self._blocked if s not in self._owner))
+        """Tracked segments of which something has no consumer (only while no consumer is
+        registered, or while a queue segment's bucket count is unknown)."""
+        return tuple(
+            self._topo(
+                s
+                for s in self._blocked
+                if not self._items(s) or any(i not in self._owner for i in self._items(s))
+            )
+        )
 
     def assignment(self, name: str) -> ConsumerAssignment:
         if name not in self._sessions:
             raise KeyError(f"consumer {name!r} is not registered")
-        return self._view(name, self._segments_by_owner().get(name, []))
+        return self._view(name, self._by_owner().get(name, {}))
 
     def assignments(self) -> dict[str, ConsumerAssignment]:
-        by_owner = self._segments_by_owner()
-        return {name: self._view(name, by_owner.get(name, [])) for name in sorted(self._sessions)}
+        by_owner = self._by_owner()
+        return {name: self._view(name, by_owner.get(name, {})) for name in sorted(self._sessions)}
 
     # -- events -------------------------------------------------------------------------------
 
@@ -300,62 +389,72 @@ class SubscriptionCoordinator:
         """A consumer connected (new, or back within its grace period)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"consumer name must be a non-empty string, got {name!r}")
-        before = self._snapshot()
-        expired = self._expire(now)
-        self._sessions[name] = None
-        return self._finish(before, expired, force_push=name)
+
+        def connect() -> None:
+            self._sessions[name] = None
+
+        return self._event(now, connect, force_push=name)
 
     def disconnect(self, name: str, now: float) -> CoordinatorResult:
-        """The consumer's session dropped: hold its segments for the grace period."""
-        before = self._snapshot()
-        expired = self._expire(now)
-        if name in self._sessions and self._sessions[name] is None:
-            if self._grace_period > 0:
-                self._sessions[name] = now + self._grace_period
-            else:
-                del self._sessions[name]
-        return self._finish(before, expired)
+        """The consumer's session dropped: hold its items for the grace period."""
+
+        def drop() -> None:
+            if name in self._sessions and self._sessions[name] is None:
+                if self._grace_period > 0:
+                    self._sessions[name] = now + self._grace_period
+                else:
+                    del self._sessions[name]
+
+        return self._event(now, drop)
 
     def unregister(self, name: str, now: float) -> CoordinatorResult:
-        """The consumer closed for good: its segments are redistributed at once."""
-        before = self._snapshot()
-        expired = self._expire(now)
-        self._sessions.pop(name, None)
-        return self._finish(before, expired)
+        """The consumer closed for good: its items are redistributed at once."""
+
+        def leave() -> None:
+            self._sessions.pop(name, None)
+
+        return self._event(now, leave)
 
     def tick(self, now: float) -> CoordinatorResult:
         """Expire the sessions whose grace period has run out (``now >= deadline``)."""
-        before = self._snapshot()
-        expired = self._expire(now)
-        return self._finish(before, expired)
+        return self._event(now)
 
-    def layout_changed(self, layout: SegmentLayout, now: float) -> CoordinatorResult:
-        """A split, merge, rebucket or prune produced ``layout``; an older epoch is ignored."""
-        before = self._snapshot()
-        expired = self._expire(now)
-        rejected = None
-        if layout.epoch < self._layout.epoch:
-            rejected = (
-                f"layout epoch {layout.epoch} is older than the current epoch {self._layout.epoch}"
-            )
-        else:
+    def layout_changed(
+        self, layout: SegmentLayout, now: float, buckets: Mapping[int, int] | None = None
+    ) -> CoordinatorResult:
+        """A split, merge, rebucket or prune produced ``layout``; an older epoch is ignored.
+        ``buckets`` adds bucket counts of segments (a queue subscription needs the counts of
+        the segments it assigns; a stream subscription ignores them)."""
+
+        def apply() -> str | None:
+            if buckets is not None:
+                self._learn_buckets(buckets)
+            if layout.epoch < self._layout.epoch:
+                return (
+                    f"layout epoch {layout.epoch} is older than the current epoch "
+                    f"{self._layout.epoch}"
+                )
             self._layout = layout
-        return self._finish(before, expired, rejected=rejected)
+            return None
+
+        return self._event(now, apply)
 
     def drained(self, name: str | None, segment_id: int, now: float) -> CoordinatorResult:
         """``name`` reports that this subscription has consumed all of sealed ``segment_id``.
 
-        A consumer may report only a consumable segment it holds. ``name=None`` is the
-        controller's own observation (e.g. the broker reports no backlog on the sealed segment
-        for this subscription) and is accepted for any sealed segment. Reports for pruned or
-        already drained segments are accepted and change nothing.
+        A consumer may report only a consumable segment it holds (a share of). ``name=None`` is
+        the controller's own observation (e.g. the broker reports no backlog on the sealed
+        segment for this subscription) and is accepted for any sealed segment. Reports for
+        pruned or already drained segments are accepted and change nothing.
         """
-        before = self._snapshot()
-        expired = self._expire(now)
-        rejected = self._check_drained(name, segment_id)
-        if rejected is None and segment_id in self._layout.segments:
-            self._drained.add(segment_id)
-        return self._finish(before, expired, rejected=rejected)
+
+        def apply() -> str | None:
+            rejected = self._check_drained(name, segment_id)
+            if rejected is None and segment_id in self._layout.segments:
+                self._drained.add(segment_id)
+            return rejected
+
+        return self._event(now, apply)
 
     # -- persistence --------------------------------------------------------------------------
 
@@ -367,74 +466,68 @@ class SubscriptionCoordinator:
              "consumers": [{"name": "worker-a", "segments": [3, 4]}, ...],
              "drainedSegments": [0, 1]}
 
-        Lists are sorted; ``layoutEpoch`` is the layout the assignment was computed against.
+        ``segments`` are those the consumer holds (a share of). Lists are sorted;
+        ``layoutEpoch`` is the layout the assignment was computed against.
         """
-        by_owner = self._segments_by_owner()
+        by_owner = self._by_owner()
         return {
             "layoutEpoch": self._layout.epoch,
             "consumers": [
-                {"name": name, "segments": sorted(by_owner.get(name, []))}
+                {"name": name, "segments": sorted(by_owner.get(name, {}))}
                 for name in sorted(self._sessions)
             ],
             "drainedSegments": sorted(self._drained),
         }
 
-    @classmethod
-    def from_status(
-        cls,
-        data: Mapping[str, Any],
-        layout: SegmentLayout,
-        now: float,
-        grace_period: float = DEFAULT_GRACE_PERIOD,
-        strategy: AssignmentStrategy | str = AssignmentStrategy.STICKY,
-    ) -> SubscriptionCoordinator:
-        """Restore :meth:`to_status` output under ``layout`` (a new leader taking over).
-
-        Every consumer starts disconnected with a fresh grace period from ``now`` and keeps its
-        segments. Segments no longer tracked are dropped; segments the status does not mention
-        (the layout moved on after the write) are assigned as after any layout change. Call
-        :meth:`to_status` afterwards and write it back if it differs from ``data``.
-        """
+    @staticmethod
+    def _parse_status(data: Mapping[str, Any]) -> tuple[list[int], list[tuple[str, list[int]]]]:
+        """``drainedSegments`` and ``(name, segments)`` of every consumer of a status entry."""
         if not isinstance(data, Mapping):
             raise ValueError(f"subscription status must be a mapping, got {type(data).__name__}")
         consumers = data.get("consumers") or []
         drained = data.get("drainedSegments") or []
         if not isinstance(consumers, list) or not isinstance(drained, list):
             raise ValueError("subscription status: 'consumers' and 'drainedSegments' must be lists")
-        coordinator = cls(
-            layout,
-            strategy=strategy,
-            grace_period=grace_period,
-            drained=[_as_segment_id(i, "drainedSegments") for i in drained],
-        )
-        owner: dict[int, str] = {}
-        sessions: dict[str, float | None] = {}
+        parsed: list[tuple[str, list[int]]] = []
+        names: set[str] = set()
         for entry in consumers:
             if not isinstance(entry, Mapping):
                 raise ValueError(f"subscription status: consumer entry {entry!r} is not a mapping")
             name = entry.get("name")
             if not isinstance(name, str) or not name:
                 raise ValueError(f"subscription status: consumer name {name!r} is not valid")
-            if name in sessions:
+            if name in names:
                 raise ValueError(f"subscription status: consumer {name!r} is listed twice")
-            sessions[name] = now + coordinator._grace_period
+            names.add(name)
             segments = entry.get("segments") or []
             if not isinstance(segments, list):
                 raise ValueError(f"subscription status: segments of {name!r} must be a list")
-            for raw in segments:
-                segment_id = _as_segment_id(raw, f"segments of {name!r}")
-                if segment_id in owner:
-                    raise ValueError(
-                        f"subscription status: segment {segment_id} is assigned to both "
-                        f"{owner[segment_id]!r} and {name!r}"
-                    )
-                owner[segment_id] = name
-        coordinator._sessions = sessions
-        coordinator._owner = owner
-        coordinator._reconcile(was_consumable=frozenset())
-        return coordinator
+            parsed.append((name, [_as_segment_id(s, f"segments of {name!r}") for s in segments]))
+        return [_as_segment_id(i, "drainedSegments") for i in drained], parsed
+
+    def _restore(self, names: Iterable[str], owner: dict[K, str], now: float) -> None:
+        """Every consumer starts disconnected with a fresh grace period from ``now`` and keeps
+        its items; items no longer tracked are dropped; new ones are assigned as after any
+        layout change."""
+        self._sessions = dict.fromkeys(names, now + self._grace_period)
+        self._owner = owner
+        self._reconcile(was_consumable=frozenset())
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _event(
+        self,
+        now: float,
+        change: Callable[[], str | None] | None = None,
+        *,
+        force_push: str | None = None,
+    ) -> CoordinatorResult:
+        """Expire what ran out at ``now``, apply ``change`` (it returns a rejection, if any) and
+        reconcile; the result compares the state before and after."""
+        before = self._snapshot()
+        expired = self._expire(now)
+        rejected = change() if change is not None else None
+        return self._finish(before, expired, force_push=force_push, rejected=rejected)
 
     def _check_drained(self, name: str | None, segment_id: int) -> str | None:
         segment = self._layout.segments.get(segment_id)
@@ -444,7 +537,7 @@ class SubscriptionCoordinator:
             return f"segment {descriptor(segment)} is ACTIVE; only sealed segments drain"
         if name is None:
             return None
-        if self._owner.get(segment_id) != name:
+        if name not in self.holders(segment_id):
             return f"segment {descriptor(segment)} is not assigned to consumer {name!r}"
         if segment_id not in self._consumable:
             blockers = ", ".join(str(i) for i in self._blocked.get(segment_id, ()))
@@ -464,20 +557,36 @@ class SubscriptionCoordinator:
             del self._sessions[name]
         # released now, so that a consumer re-registering in the same event starts afresh,
         # exactly as if a tick had run at its deadline
-        self._owner = {s: n for s, n in self._owner.items() if n in self._sessions}
+        self._owner = {i: n for i, n in self._owner.items() if n in self._sessions}
         return tuple(expired)
 
     def _topo(self, ids: Iterable[int]) -> list[int]:
         segments = self._layout.segments
         return sorted(ids, key=lambda i: (segments[i].created_at_epoch, i))
 
-    def _segments_by_owner(self) -> dict[str, list[int]]:
-        by_owner: dict[str, list[int]] = {}
-        for segment_id in self._topo(self._owner):
-            by_owner.setdefault(self._owner[segment_id], []).append(segment_id)
+    def _item_key(self, item: K) -> tuple[int, ...]:
+        segment_id = self._segment_of(item)
+        return (self._layout.segments[segment_id].created_at_epoch, *self._order(item))
+
+    def _all_items(self) -> list[K]:
+        """Every item of every tracked segment, parents' before children's."""
+        return [item for s in self._topo(self._blocked) for item in self._items(s)]
+
+    def _by_owner(self) -> dict[str, dict[int, list[K]]]:
+        """Consumer → its segments in DAG order → its items of each."""
+        by_owner: dict[str, dict[int, list[K]]] = {}
+        for item in sorted(self._owner, key=self._item_key):
+            segments = by_owner.setdefault(self._owner[item], {})
+            segments.setdefault(self._segment_of(item), []).append(item)
         return by_owner
 
-    def _view(self, name: str, segment_ids: Iterable[int]) -> ConsumerAssignment:
+    def _holder_sets(self) -> dict[int, frozenset[str]]:
+        found: dict[int, set[str]] = {}
+        for item, name in self._owner.items():
+            found.setdefault(self._segment_of(item), set()).add(name)
+        return {s: frozenset(names) for s, names in found.items()}
+
+    def _view(self, name: str, held: Mapping[int, Sequence[K]]) -> ConsumerAssignment:
         segments = self._layout.segments
         return ConsumerAssignment(
             consumer=name,
@@ -489,20 +598,22 @@ class SubscriptionCoordinator:
                     sealed=not segments[i].active,
                     consumable=i in self._consumable,
                     blocked_by=self._blocked[i],
+                    buckets=self._view_buckets(items),
                 )
-                for i in segment_ids
+                for i, items in held.items()
             ),
         )
 
     def _snapshot(self) -> _Snapshot:
-        by_owner = self._segments_by_owner()
+        by_owner = self._by_owner()
         return _Snapshot(
             sessions=frozenset(self._sessions),
             epoch=self._layout.epoch,
             owner=dict(self._owner),
+            holders=self._holder_sets(),
             drained=frozenset(self._drained),
             consumable=self._consumable,
-            views={n: self._view(n, by_owner.get(n, [])) for n in self._sessions},
+            views={n: self._view(n, by_owner.get(n, {})) for n in self._sessions},
         )
 
     def _finish(
@@ -545,22 +656,20 @@ class SubscriptionCoordinator:
         if (
             before.sessions != after.sessions
             or before.epoch != self._layout.epoch
-            or before.owner != after.owner
+            or before.holders != after.holders
             or before.drained != after.drained
         ):
             persist = PersistEffect(self.to_status())
-        moved = tuple(
-            sorted(
-                s
-                for s, owner in after.owner.items()
-                if s in before.owner and before.owner[s] != owner
-            )
-        )
+        moved = {
+            self._segment_of(item)
+            for item, owner in after.owner.items()
+            if item in before.owner and before.owner[item] != owner
+        }
         return CoordinatorResult(
             changes=tuple(changes),
             persist=persist,
             push=tuple(push),
-            moved=moved,
+            moved=tuple(sorted(moved)),
             expired=expired,
             rejected=rejected,
         )
@@ -589,12 +698,209 @@ class SubscriptionCoordinator:
                 blocked[segment_id] = tuple(self._topo(ancestors))
         self._blocked = blocked
         self._consumable = frozenset(i for i, b in blocked.items() if not b)
+        valid = {item for s in blocked for item in self._items(s)}
         self._owner = {
-            s: name for s, name in self._owner.items() if s in blocked and name in self._sessions
+            i: name for i, name in self._owner.items() if i in valid and name in self._sessions
         }
         if not self._sessions:
             self._owner = {}
-        elif self._strategy is AssignmentStrategy.ROUND_ROBIN:
+        else:
+            self._assign(was_consumable)
+
+    # -- sticky balancing of items --------------------------------------------------------------
+
+    def _counted(self, item: K) -> tuple[bool, bool]:
+        """(consumable, active) of the item's segment."""
+        segment_id = self._segment_of(item)
+        return segment_id in self._consumable, self._layout.segments[segment_id].active
+
+    def _assign_sticky(self, was_consumable: frozenset[int]) -> None:
+        live = self.connected()
+        eligible = live or sorted(self._sessions)
+        consumable_count = dict.fromkeys(self._sessions, 0)
+        active_count = dict.fromkeys(self._sessions, 0)
+        for item, name in self._owner.items():
+            consumable, active = self._counted(item)
+            consumable_count[name] += consumable
+            active_count[name] += active
+
+        unowned = [i for i in self._all_items() if i not in self._owner]
+        for item in unowned:
+            if not self._counted(item)[0]:
+                continue
+            least = min(consumable_count[n] for n in eligible)
+            preferred = self._preferred(item, eligible, consumable_count, active_count)
+            if preferred is None or consumable_count[preferred] != least:
+                preferred = min(eligible, key=lambda n: (consumable_count[n], active_count[n], n))
+            self._give(item, preferred, consumable_count, active_count)
+
+        if live:
+            self._balance(live, consumable_count, active_count, frozenset(unowned), was_consumable)
+
+        # Not-yet-consumable items do not count for balance now; place them so that the active
+        # items come out balanced once their parents drain, near their parents.
+        pending = [i for i in unowned if not self._counted(i)[0]]
+        total_active = sum(active_count[n] for n in eligible) + sum(
+            1 for i in pending if self._counted(i)[1]
+        )
+        cap = math.ceil(total_active / len(eligible))
+        for item in pending:
+            active = self._counted(item)[1]
+            preferred = self._preferred(item, eligible, consumable_count, active_count)
+            if self._spread_pending:
+                fewest = min(active_count[n] for n in eligible)
+                crowded = preferred is not None and active_count[preferred] != fewest
+            else:
+                crowded = preferred is not None and active_count[preferred] >= cap
+            if preferred is None or (active and crowded):
+                preferred = min(eligible, key=lambda n: (active_count[n], consumable_count[n], n))
+            self._give(item, preferred, consumable_count, active_count)
+
+    def _give(self, item: K, name: str, consumable_count: Counts, active_count: Counts) -> None:
+        self._owner[item] = name
+        consumable, active = self._counted(item)
+        consumable_count[name] += consumable
+        active_count[name] += active
+
+    def _preferred(
+        self, item: K, eligible: list[str], consumable_count: Counts, active_count: Counts
+    ) -> str | None:
+        """The consumer of the item's :meth:`_affinity` with the fewest items, if it may take
+        items now."""
+        candidates = self._affinity(item) & set(eligible)
+        if not candidates:
+            return None
+        return min(candidates, key=lambda n: (consumable_count[n], active_count[n], n))
+
+    def _balance(
+        self,
+        live: list[str],
+        consumable_count: Counts,
+        active_count: Counts,
+        placed_now: frozenset[K],
+        was_consumable: frozenset[int],
+    ) -> None:
+        """Move consumable items from the fullest to the emptiest connected consumer until no
+        movable item sits on a consumer two or more above another one.
+
+        Pinned items (stream: sealed segments) and consumers in their grace period take no
+        part. Each move lowers the sum of squared counts: the loop ends.
+        """
+        movable: dict[str, list[K]] = {n: [] for n in live}
+        for item, name in self._owner.items():
+            consumable, active = self._counted(item)
+            if name in movable and consumable and (active or self._sealed_movable):
+                movable[name].append(item)
+
+        def rank(item: K) -> int:
+            segment_id = self._segment_of(item)
+            return 0 if item in placed_now else 1 if segment_id not in was_consumable else 2
+
+        while True:
+            donors = [n for n in live if movable[n]]
+            if not donors:
+                return
+            donor = max(donors, key=lambda n: (consumable_count[n], active_count[n], n))
+            recipient = min(live, key=lambda n: (consumable_count[n], active_count[n], n))
+            if consumable_count[donor] <= consumable_count[recipient] + 1:
+                return
+            recipient_segments = {self._segment_of(i) for i in movable[recipient]}
+            item = min(
+                movable[donor], key=lambda i: self._move_cost(i, rank(i), recipient_segments)
+            )
+            movable[donor].remove(item)
+            movable[recipient].append(item)
+            self._owner[item] = recipient
+            consumable_count[donor] -= 1
+            consumable_count[recipient] += 1
+            if self._counted(item)[1]:
+                active_count[donor] -= 1
+                active_count[recipient] += 1
+
+
+class SubscriptionCoordinator(Coordinator[int]):
+    """Segment-to-consumer assignment of one stream or checkpoint subscription.
+
+    ``drained`` seeds the set of sealed segments this subscription has already drained (for a
+    subscription created on a topic that has sealed segments, the caller decides which of them
+    the subscription still has to read).
+    """
+
+    def __init__(
+        self,
+        layout: SegmentLayout,
+        *,
+        strategy: AssignmentStrategy | str = AssignmentStrategy.STICKY,
+        grace_period: float = DEFAULT_GRACE_PERIOD,
+        drained: Iterable[int] = (),
+    ) -> None:
+        try:
+            self._strategy = AssignmentStrategy(strategy)
+        except ValueError:
+            choices = ", ".join(s.value for s in AssignmentStrategy)
+            raise ValueError(
+                f"unknown assignment strategy {strategy!r}: use one of {choices}"
+            ) from None
+        super().__init__(layout, grace_period=grace_period, drained=drained)
+
+    @property
+    def strategy(self) -> AssignmentStrategy:
+        return self._strategy
+
+    def owner_of(self, segment_id: int) -> str | None:
+        return self._owner.get(segment_id)
+
+    @classmethod
+    def from_status(
+        cls,
+        data: Mapping[str, Any],
+        layout: SegmentLayout,
+        now: float,
+        grace_period: float = DEFAULT_GRACE_PERIOD,
+        strategy: AssignmentStrategy | str = AssignmentStrategy.STICKY,
+    ) -> SubscriptionCoordinator:
+        """Restore :meth:`to_status` output under ``layout`` (a new leader taking over).
+
+        Every consumer starts disconnected with a fresh grace period from ``now`` and keeps its
+        segments. Segments no longer tracked are dropped; segments the status does not mention
+        (the layout moved on after the write) are assigned as after any layout change. Call
+        :meth:`to_status` afterwards and write it back if it differs from ``data``.
+        """
+        drained, consumers = cls._parse_status(data)
+        coordinator = cls(layout, strategy=strategy, grace_period=grace_period, drained=drained)
+        owner: dict[int, str] = {}
+        for name, segments in consumers:
+            for segment_id in segments:
+                if segment_id in owner:
+                    raise ValueError(
+                        f"subscription status: segment {segment_id} is assigned to both "
+                        f"{owner[segment_id]!r} and {name!r}"
+                    )
+                owner[segment_id] = name
+        coordinator._restore((name for name, _ in consumers), owner, now)
+        return coordinator
+
+    def _items(self, segment_id: int) -> list[int]:
+        return [segment_id]
+
+    def _segment_of(self, item: int) -> int:
+        return item
+
+    def _order(self, item: int) -> tuple[int, ...]:
+        return (item,)
+
+    def _view_buckets(self, items: Sequence[int]) -> tuple[int, ...] | None:
+        return None
+
+    def _affinity(self, item: int) -> set[str]:
+        """The consumers of the segment's parents (a merge child's: every parent's)."""
+        return {self._owner[p] for p in self._layout.segments[item].parent_ids if p in self._owner}
+
+    def _move_cost(self, item: int, rank: int, recipient_segments: set[int]) -> tuple[int, ...]:
+        return rank, -item
+
+    def _assign(self, was_consumable: frozenset[int]) -> None:
+        if self._strategy is AssignmentStrategy.ROUND_ROBIN:
             self._assign_round_robin()
         else:
             self._assign_sticky(was_consumable)
@@ -613,116 +919,130 @@ class SubscriptionCoordinator:
             owner[segment_id] = self._owner.get(segment_id, members[k % len(members)])
         self._owner = owner
 
-    def _assign_sticky(self, was_consumable: frozenset[int]) -> None:
-        segments = self._layout.segments
-        live = sorted(n for n, d in self._sessions.items() if d is None)
-        eligible = live or sorted(self._sessions)
-        consumable_count = dict.fromkeys(self._sessions, 0)
-        active_count = dict.fromkeys(self._sessions, 0)
-        for segment_id, name in self._owner.items():
-            if segment_id in self._consumable:
-                consumable_count[name] += 1
-            if segments[segment_id].active:
-                active_count[name] += 1
 
-        unowned = self._topo(s for s in self._blocked if s not in self._owner)
-        for segment_id in unowned:
-            if segment_id not in self._consumable:
+class QueueCoordinator(Coordinator[Unit]):
+    """Assignment of the entry buckets of a Queue subscription's segments to its queue
+    consumers (PIP-486): every ``(segment, bucket)`` unit of a tracked segment has exactly one
+    consumer, balanced to within one consumable unit per connected consumer, moving as few
+    units as possible. Units of sealed segments move too (a sealed backlog fans out); a new
+    segment's units go next to the other units of the segment, else near its parents' units.
+
+    ``buckets`` are the segments' bucket counts (from the DAG); a segment whose count is not
+    known yet is tracked (its children stay gated) but not assigned until it is
+    (:meth:`buckets_changed`, or ``layout_changed(..., buckets=)``).
+    """
+
+    _sealed_movable = True
+    _spread_pending = True
+
+    def __init__(
+        self,
+        layout: SegmentLayout,
+        *,
+        buckets: Mapping[int, int],
+        grace_period: float = DEFAULT_GRACE_PERIOD,
+        drained: Iterable[int] = (),
+    ) -> None:
+        self._buckets: dict[int, int] = {}
+        self._learn_buckets(buckets)
+        super().__init__(layout, grace_period=grace_period, drained=drained)
+
+    @property
+    def buckets(self) -> dict[int, int]:
+        """The known bucket count of each segment (also of segments the DAG announced before
+        the layout that has them arrived)."""
+        return dict(self._buckets)
+
+    def buckets_changed(self, buckets: Mapping[int, int], now: float) -> CoordinatorResult:
+        """Bucket counts learnt (or corrected) from the DAG."""
+
+        def learn() -> None:
+            self._learn_buckets(buckets)
+
+        return self._event(now, learn)
+
+    def owned(self, name: str) -> tuple[Unit, ...]:
+        """The units ``name`` owns, in DAG order."""
+        return self.assignment(name).units
+
+    def to_status(self) -> dict[str, Any]:
+        """As :meth:`Coordinator.to_status`, plus ``"type": "Queue"``."""
+        return {**super().to_status(), "type": "Queue"}
+
+    @classmethod
+    def from_status(
+        cls,
+        data: Mapping[str, Any],
+        layout: SegmentLayout,
+        now: float,
+        *,
+        buckets: Mapping[int, int],
+        grace_period: float = DEFAULT_GRACE_PERIOD,
+    ) -> QueueCoordinator:
+        """Restore :meth:`to_status` output: each segment's holders get contiguous slices of
+        its buckets in name order (:func:`bucket_slices`), every consumer a fresh grace period
+        from ``now``."""
+        drained, consumers = cls._parse_status(data)
+        coordinator = cls(layout, buckets=buckets, grace_period=grace_period, drained=drained)
+        holders: dict[int, list[str]] = {}
+        for name, segments in consumers:
+            for segment_id in segments:
+                holders.setdefault(segment_id, []).append(name)
+        owner: dict[Unit, str] = {}
+        for segment_id, names in holders.items():
+            count = coordinator._buckets.get(segment_id)
+            if count is None:
                 continue
-            least = min(consumable_count[n] for n in eligible)
-            preferred = self._preferred(segment_id, eligible, consumable_count, active_count)
-            if preferred is None or consumable_count[preferred] != least:
-                preferred = min(eligible, key=lambda n: (consumable_count[n], active_count[n], n))
-            self._give(segment_id, preferred, consumable_count, active_count)
+            for name, owned in bucket_slices(names, count).items():
+                for bucket in owned:
+                    owner[(segment_id, bucket)] = name
+        coordinator._restore((name for name, _ in consumers), owner, now)
+        return coordinator
 
-        if live:
-            self._balance(live, consumable_count, active_count, frozenset(unowned), was_consumable)
+    def _learn_buckets(self, buckets: Mapping[int, int]) -> None:
+        for segment_id, count in buckets.items():
+            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 65536:
+                raise ValueError(f"bucket count of segment {segment_id} is invalid: {count!r}")
+            self._buckets[segment_id] = count
 
-        # Not-yet-consumable segments do not count for balance now; place them so that the
-        # active segments come out balanced once their parents drain, near their parents.
-        pending = [s for s in unowned if s not in self._consumable]
-        total_active = sum(active_count[n] for n in eligible) + sum(
-            1 for s in pending if segments[s].active
-        )
-        cap = math.ceil(total_active / len(eligible))
-        for segment_id in pending:
-            preferred = self._preferred(segment_id, eligible, consumable_count, active_count)
-            if preferred is None or (
-                segments[segment_id].active and active_count[preferred] >= cap
-            ):
-                preferred = min(eligible, key=lambda n: (active_count[n], consumable_count[n], n))
-            self._give(segment_id, preferred, consumable_count, active_count)
-
-    def _give(
-        self,
-        segment_id: int,
-        name: str,
-        consumable_count: dict[str, int],
-        active_count: dict[str, int],
-    ) -> None:
-        self._owner[segment_id] = name
-        if segment_id in self._consumable:
-            consumable_count[name] += 1
-        if self._layout.segments[segment_id].active:
-            active_count[name] += 1
-
-    def _preferred(
-        self,
-        segment_id: int,
-        eligible: list[str],
-        consumable_count: dict[str, int],
-        active_count: dict[str, int],
-    ) -> str | None:
-        """The consumer of the segment's parent (of a merge child: the parent's consumer with
-        the fewest segments), if it may take segments now."""
-        candidates = {
-            self._owner[p]
-            for p in self._layout.segments[segment_id].parent_ids
-            if p in self._owner and self._owner[p] in eligible
+    def _reconcile(self, *, was_consumable: frozenset[int]) -> None:
+        # Keep counts of the layout's segments and of segments it does not have yet (the DAG
+        # may announce them first).
+        layout = self._layout
+        self._buckets = {
+            s: n
+            for s, n in self._buckets.items()
+            if s in layout.segments or s >= layout.next_segment_id
         }
-        if not candidates:
-            return None
-        return min(candidates, key=lambda n: (consumable_count[n], active_count[n], n))
+        super()._reconcile(was_consumable=was_consumable)
 
-    def _balance(
-        self,
-        live: list[str],
-        consumable_count: dict[str, int],
-        active_count: dict[str, int],
-        placed_now: frozenset[int],
-        was_consumable: frozenset[int],
-    ) -> None:
-        """Move consumable active segments from the fullest to the emptiest connected consumer
-        until no movable segment sits on a consumer two or more above another one.
+    def _items(self, segment_id: int) -> list[Unit]:
+        return [(segment_id, b) for b in range(self._buckets.get(segment_id, 0))]
 
-        Sealed segments are pinned and consumers in their grace period are frozen, so they
-        take no part. Each move lowers the sum of squared counts: the loop ends.
-        """
-        segments = self._layout.segments
-        movable: dict[str, list[int]] = {n: [] for n in live}
-        for segment_id, name in self._owner.items():
-            if name in movable and segment_id in self._consumable and segments[segment_id].active:
-                movable[name].append(segment_id)
+    def _segment_of(self, item: Unit) -> int:
+        return item[0]
 
-        def cost(segment_id: int) -> tuple[int, int]:
-            rank = 0 if segment_id in placed_now else 1 if segment_id not in was_consumable else 2
-            return rank, -segment_id
+    def _order(self, item: Unit) -> tuple[int, ...]:
+        return item
 
-        while True:
-            donors = [n for n in live if movable[n]]
-            if not donors:
-                return
-            donor = max(donors, key=lambda n: (consumable_count[n], active_count[n], n))
-            recipient = min(live, key=lambda n: (consumable_count[n], active_count[n], n))
-            if consumable_count[donor] <= consumable_count[recipient] + 1:
-                return
-            segment_id = min(movable[donor], key=cost)
-            movable[donor].remove(segment_id)
-            movable[recipient].append(segment_id)
-            self._owner[segment_id] = recipient
-            for counts in (consumable_count, active_count):
-                counts[donor] -= 1
-                counts[recipient] += 1
+    def _view_buckets(self, items: Sequence[Unit]) -> tuple[int, ...] | None:
+        return tuple(b for _, b in items)
+
+    def _affinity(self, item: Unit) -> set[str]:
+        """The other holders of the unit's segment (fewer connections); for a segment nobody
+        holds yet, the holders of its parents' units."""
+        segment_id = item[0]
+        same = {n for (s, _), n in self._owner.items() if s == segment_id}
+        if same:
+            return same
+        parents = set(self._layout.segments[segment_id].parent_ids)
+        return {n for (s, _), n in self._owner.items() if s in parents}
+
+    def _move_cost(self, item: Unit, rank: int, recipient_segments: set[int]) -> tuple[int, ...]:
+        """Units not read yet first, then a segment the recipient already reads (no new
+        connection), then the newest segment's highest bucket (slices stay contiguous)."""
+        segment_id, bucket = item
+        return rank, 0 if segment_id in recipient_segments else 1, -segment_id, -bucket
 
 
 def _as_segment_id(value: Any, where: str) -> int:

@@ -11,6 +11,8 @@ Two sessions, both JSON text frames with a ``"v"`` (protocol version) and a ``"t
   leaves for good. The server sends :class:`AssignmentMessage` whenever the consumer's
   assignment changes (and once right after registering), :class:`ErrorMessage` for a refused
   message, and :class:`RedirectMessage` before closing when the topic's leadership moves.
+  Stream and checkpoint consumers are assigned whole segments of a Stream subscription; queue
+  consumers are assigned entry buckets of the segments of a Queue subscription (PIP-486).
 
 Versioning: a peer rejects a message whose ``v`` it does not speak (close code
 :attr:`CloseCode.BAD_MESSAGE`); inside version 1 unknown fields are ignored, so fields can be
@@ -24,7 +26,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.alias_generators import to_camel
@@ -107,6 +109,8 @@ class ErrorCode(enum.StrEnum):
 class ConsumerType(enum.StrEnum):
     STREAM = "stream"
     CHECKPOINT = "checkpoint"
+    QUEUE = "queue"
+    """A worker of a Queue subscription: assigned entry buckets, not whole segments."""
 
 
 class SessionProtocolError(ValueError):
@@ -150,14 +154,8 @@ def _range_model(hash_range: HashRange) -> HashRangeModel:
     return HashRangeModel(start=hash_range.start, end=hash_range.end)
 
 
-class DagSegment(BaseModel):
-    """One segment of the DAG, active or sealed, with where it lives and its entry buckets.
-
-    ``brokerUrl`` is ``None`` while the segment is not placed (or its broker is unknown);
-    ``buckets`` is ``None`` when the controller does not know the segment's bucket count, and
-    then ``bucketBoundaries`` is empty. ``bucketBoundaries[i]`` is the first ``hashB`` of bucket
-    ``i`` (``i * 65536 // buckets``).
-    """
+class _SegmentModel(BaseModel):
+    """What every segment in a message says of itself."""
 
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
@@ -167,6 +165,17 @@ class DagSegment(BaseModel):
     descriptor: str
     hash_range: HashRangeModel
     state: SegmentState
+
+
+class DagSegment(_SegmentModel):
+    """One segment of the DAG, active or sealed, with where it lives and its entry buckets.
+
+    ``brokerUrl`` is ``None`` while the segment is not placed (or its broker is unknown);
+    ``buckets`` is ``None`` when the controller does not know the segment's bucket count, and
+    then ``bucketBoundaries`` is empty. ``bucketBoundaries[i]`` is the first ``hashB`` of bucket
+    ``i`` (``i * 65536 // buckets``).
+    """
+
     parent_ids: tuple[int, ...] = ()
     child_ids: tuple[int, ...] = ()
     created_at_epoch: int = Field(0, ge=0)
@@ -272,8 +281,9 @@ class RegisterMessage(_Message):
     """First message of a consumer session: who is consuming what.
 
     ``consumer`` is the consumer's identity across reconnects (its grace-period key);
-    ``consumerType`` is ``stream`` or ``checkpoint`` (both get exclusive segment assignments;
-    a checkpoint consumer keeps its own positions and reports them for information).
+    ``consumerType`` is ``stream`` or ``checkpoint`` on a Stream subscription (both get
+    exclusive segment assignments; a checkpoint consumer keeps its own positions and reports
+    them for information), ``queue`` on a Queue subscription (entry buckets of segments).
     """
 
     type: Literal["register"] = "register"
@@ -311,24 +321,20 @@ ClientMessage = Annotated[
 # -- consumer controller session: server → client ---------------------------------------------
 
 
-class AssignedSegmentModel(BaseModel):
+class AssignedSegmentModel(_SegmentModel):
     """One assigned segment: :meth:`AssignedSegment.to_dict` plus the broker that hosts it.
 
     The client reads a segment only while ``consumable`` is true, or once it has itself drained
-    and reported every segment in ``blockedBy`` (see :mod:`.assignment`).
+    and reported every segment in ``blockedBy`` (see :mod:`.assignment`). ``buckets`` (queue
+    consumers only) are the indexes of the entry buckets of the segment the consumer owns and
+    names when it attaches (as in the broker's consume ``HELLO``); ``None`` is the whole
+    segment. (In the DAG, a segment's ``buckets`` is its bucket count.)
     """
 
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
-    )
-
-    segment_id: int = Field(ge=0)
-    descriptor: str
-    hash_range: HashRangeModel
-    state: SegmentState
     consumable: bool
     blocked_by: tuple[int, ...] = ()
     broker_url: str | None = None
+    buckets: tuple[int, ...] | None = None
 
 
 class AssignmentMessage(_Message):
@@ -398,6 +404,8 @@ ServerMessage = Annotated[
     Field(discriminator="type"),
 ]
 
+_M = TypeVar("_M")
+
 _CLIENT: TypeAdapter[RegisterMessage | DrainedMessage | PositionMessage | UnregisterMessage] = (
     TypeAdapter(ClientMessage)
 )
@@ -417,9 +425,11 @@ def to_json_dict(message: BaseModel) -> dict[str, Any]:
     return data
 
 
-def _load(text: str | bytes, side: str) -> dict[str, Any]:
-    if len(text) > MAX_MESSAGE_BYTES and side == "client":
-        raise SessionProtocolError(f"message of {len(text)} bytes exceeds {MAX_MESSAGE_BYTES}")
+def _parse(text: str | bytes, adapter: TypeAdapter[_M], limit: int | None) -> _M:
+    """One JSON text frame of this protocol version, validated by ``adapter``;
+    :class:`SessionProtocolError` when it is not (``limit``: largest accepted size)."""
+    if limit is not None and len(text) > limit:
+        raise SessionProtocolError(f"message of {len(text)} bytes exceeds {limit}")
     try:
         data = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -431,7 +441,10 @@ def _load(text: str | bytes, side: str) -> dict[str, Any]:
         raise SessionProtocolError(
             f"unsupported protocol version {version!r}: this peer speaks v={PROTOCOL_VERSION}"
         )
-    return data
+    try:
+        return adapter.validate_python(data)
+    except ValidationError as exc:
+        raise SessionProtocolError(f"invalid message: {_describe(exc)}") from None
 
 
 def _describe(error: ValidationError) -> str:
@@ -446,19 +459,11 @@ def parse_client_message(
     text: str | bytes,
 ) -> RegisterMessage | DrainedMessage | PositionMessage | UnregisterMessage:
     """Parse a frame sent by a consumer; :class:`SessionProtocolError` when malformed."""
-    data = _load(text, "client")
-    try:
-        return _CLIENT.validate_python(data)
-    except ValidationError as exc:
-        raise SessionProtocolError(f"invalid message: {_describe(exc)}") from None
+    return _parse(text, _CLIENT, MAX_MESSAGE_BYTES)
 
 
 def parse_server_message(
     text: str | bytes,
 ) -> DagMessage | AssignmentMessage | ErrorMessage | RedirectMessage:
     """Parse a frame sent by the controller; :class:`SessionProtocolError` when malformed."""
-    data = _load(text, "server")
-    try:
-        return _SERVER.validate_python(data)
-    except ValidationError as exc:
-        raise SessionProtocolError(f"invalid message: {_describe(exc)}") from None
+    return _parse(text, _SERVER, None)
