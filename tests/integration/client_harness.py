@@ -169,6 +169,7 @@ class TopicEnv:
                 [],
                 grace_period=self.grace_period,
                 strategies={n: "sticky" for n, t in self.subscriptions.items() if t != "Queue"},
+                queues=[n for n, t in self.subscriptions.items() if t == "Queue"],
             )
 
     async def _create_segment(self, segment_id: int, slot: int, *, writable: bool = True) -> None:

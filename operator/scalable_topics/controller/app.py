@@ -172,7 +172,10 @@ class Controller:
             entries = [
                 e for e in status.get("subscriptions") or [] if e.get("name") != subscription
             ]
-            entries.append({"name": subscription, "type": "Stream", **coordinator_status})
+            entries.append(
+                {"name": subscription, **coordinator_status}
+                | {"type": coordinator_status.get("type", "Stream")}
+            )
             status["subscriptions"] = sorted(entries, key=lambda e: str(e.get("name")))
 
         assert self.kube is not None
@@ -216,6 +219,7 @@ class Controller:
                 for s in spec.subscriptions
                 if s.type is SubscriptionType.STREAM
             },
+            queues=[s.name for s in spec.subscriptions if s.type is SubscriptionType.QUEUE],
         )
 
     async def _lost(self, shard: int) -> None:

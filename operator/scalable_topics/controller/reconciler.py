@@ -28,7 +28,6 @@ from ..core.resources import (
     Reason,
     ResourceValidationError,
     ScalableTopicSpec,
-    SubscriptionType,
     condition,
     format_time,
     get_condition,
@@ -403,7 +402,7 @@ class TopicReconciler:
 
         Returns the topic, its layout and, when a segment reaches its retention time later, in
         how many seconds to look again. Broker stats are read only for sealed segments not known
-        to be fully drained, only when a stream subscription still waits for the drain or the
+        to be fully drained, only when a subscription still waits for the drain or the
         retention time has passed, and at most once per stats round (``new_stats_round``).
         """
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
@@ -474,7 +473,7 @@ class TopicReconciler:
     ) -> list[int]:
         """The sealed segments (``sealed`` is parents first) whose broker is asked for stats in
         this pass: not known to be fully drained, not asked yet in this stats round, and either a
-        stream subscription still waits for its drain, or retention may prune it once it is
+        subscription still waits for its drain, or retention may prune it once it is
         drained (its time has passed or a size limit is set, and no parent stays behind)."""
         observed = self._observed.get(key, {})
         settled = {
@@ -880,13 +879,13 @@ def _loose_id(raw: str) -> str:
 
 
 def _hub_drained(status: Mapping[str, Any], spec: ScalableTopicSpec) -> dict[str, set[int]]:
-    """Stream subscription of the spec → the sealed segments the consumer hub has recorded as
-    drained (``status.subscriptions``). A subscription without an entry yet is left out: the hub
-    counts every sealed segment as drained for a new subscription."""
-    streams = {s.name for s in spec.subscriptions if s.type is SubscriptionType.STREAM}
+    """Subscription of the spec → the sealed segments the consumer hub has recorded as drained
+    (``status.subscriptions``; stream and queue subscriptions alike gate children on it). A
+    subscription without an entry yet is left out: the hub decides for a new one itself."""
+    names = {s.name for s in spec.subscriptions}
     found: dict[str, set[int]] = {}
     for entry in status.get("subscriptions") or []:
-        if not isinstance(entry, Mapping) or entry.get("name") not in streams:
+        if not isinstance(entry, Mapping) or entry.get("name") not in names:
             continue
         done = entry.get("drainedSegments") or []
         found[str(entry["name"])] = {int(i) for i in done if isinstance(i, int)}
