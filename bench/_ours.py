@@ -20,10 +20,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from segment_broker.tools.launch import broker_command
-
 from bench._load import consume_batches
 from bench._procs import Server, free_port, start_server
+from segment_broker.tools.launch import broker_command
 
 DURABILITY = "ack after fdatasync (`--fsync always`, group commit)"
 NAMESPACE = "bench"

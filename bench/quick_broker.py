@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+
 from scalable_topics.client.segment import EntryAck, SegmentAdmin, SegmentConsumer, SegmentProducer
 from scalable_topics.core import wire
 from segment_broker.tools.launch import broker_command

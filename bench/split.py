@@ -64,7 +64,6 @@ def _pct(values: list[float], q: float) -> float:
 async def _measure(mode: Mode, base: Path) -> tuple[list[SplitSample], dict[str, Any]]:
     from scalable_topics.client import ScalableTopicProducer
     from scalable_topics.core.hashing import segment_hash
-
     from tests.integration.client_harness import TopicEnv, broker_processes, start_operator
 
     with broker_processes(base, 2) as brokers:

@@ -15,6 +15,7 @@ from typing import Any
 
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
+
 from scalable_topics.core.resources import GROUP, SEGMENT_PLURAL, VERSION, format_time, segment_name
 from scalable_topics.kubeapi import api_client
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from scalable_topics.core import wire
 from scalable_topics.core.wire import WireError
 

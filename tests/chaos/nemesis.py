@@ -20,7 +20,6 @@ from typing import Any
 
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.localcluster.restclient import PODS
-
 from tests.integration.operator_harness import NAMESPACE, JsonObj, Stack, condition_of, eventually
 
 from .checker import RestartKind

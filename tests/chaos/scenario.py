@@ -27,7 +27,6 @@ from scalable_topics.client import (
     TopicNotFoundError,
 )
 from scalable_topics.core.layout import SegmentLayout
-
 from tests.integration.operator_harness import Stack, operator_stack
 
 from .checker import (

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
 from scalable_topics.client.segment import SegmentAdmin, Successor
 from scalable_topics.controller.consumers import ConsumerHub
 from scalable_topics.controller.sessions import make_app
@@ -28,7 +29,6 @@ from scalable_topics.core.buckets import initial_layout_buckets, layout_buckets
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.sessions import DagMessage, dag_message
 from segment_broker.testing import BrokerProcess, free_port
-
 from tests.memory_dags import MemoryDagSource
 
 

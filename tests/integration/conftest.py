@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from scalable_topics.localcluster.cluster import LocalCluster
 from segment_broker.testing import BrokerProcess
 

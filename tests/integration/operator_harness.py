@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+
 from scalable_topics.localcluster.cluster import LocalCluster
 from scalable_topics.localcluster.kubelet import Kubelet
 from scalable_topics.localcluster.restclient import PODS, Resource, RestClient

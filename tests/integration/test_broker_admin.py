@@ -8,6 +8,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
 from scalable_topics.client.segment import (
     AdminError,
     ConnectionClosedError,

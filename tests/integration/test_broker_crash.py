@@ -15,6 +15,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+
 from scalable_topics.client.segment import (
     ConnectionClosedError,
     EntryAck,

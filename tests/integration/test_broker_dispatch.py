@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from scalable_topics.client.segment import (
     ReceivedEntry,
     SegmentAdmin,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+
 from scalable_topics.client.segment import (
     AdminError,
     SegmentAdmin,

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from scalable_topics.core import wire
 from scalable_topics.core.wire import Message
 from segment_broker.testing import BrokerProcess

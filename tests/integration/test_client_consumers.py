@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from scalable_topics.client import (
     Checkpoint,
     CheckpointConsumer,

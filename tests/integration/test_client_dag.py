@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+
 from scalable_topics.client import DagWatcher, TopicNotFoundError
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.sessions import dag_message
-
 from tests.memory_dags import MemoryDagSource
 
 from .client_harness import start_operator

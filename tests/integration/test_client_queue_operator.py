@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from scalable_topics.client import DagWatcher, ScalableTopicProducer
 
+from scalable_topics.client import DagWatcher, ScalableTopicProducer
 from tests.chaos.checker import RestartKind, check
 from tests.chaos.scenario import service_url
 from tests.chaos.workload import OpenLoopWriter, Recorder

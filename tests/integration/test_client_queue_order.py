@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import pytest
+
 from scalable_topics.client import ConsumerClosedError, QueueConsumer, ScalableTopicProducer
 from scalable_topics.core.assignment import QueueCoordinator
 from scalable_topics.core.buckets import bucket_of
 from scalable_topics.core.hashing import bucket_hash
 from segment_broker.testing import BrokerProcess
-
 from tests.chaos.checker import RestartKind, check
 from tests.chaos.workload import OpenLoopWriter, Recorder, decode_value
 

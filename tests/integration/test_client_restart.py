@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from scalable_topics.client import ScalableTopicProducer, StreamConsumer
 from segment_broker.testing import BrokerProcess
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from scalable_topics.client import QueueConsumer, ScalableTopicProducer, StreamConsumer
 from scalable_topics.core.hashing import segment_hash
 from segment_broker.testing import BrokerProcess

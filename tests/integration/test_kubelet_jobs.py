@@ -6,6 +6,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+
 from scalable_topics.localcluster.cron import CronSchedule
 from scalable_topics.localcluster.restclient import CRONJOBS, JOBS, PODS
 

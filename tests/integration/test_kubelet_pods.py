@@ -6,6 +6,7 @@ import base64
 from pathlib import Path
 
 import pytest
+
 from scalable_topics.localcluster.restclient import CONFIGMAPS, PODS, SECRETS
 
 from .kubelet_harness import Harness, JsonObj, eventually, free_port, running_cluster

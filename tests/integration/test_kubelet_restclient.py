@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from scalable_topics.localcluster.cluster import LocalCluster
 from scalable_topics.localcluster.restclient import (
     CONFIGMAPS,

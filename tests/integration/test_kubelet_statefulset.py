@@ -9,6 +9,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+
 from scalable_topics.localcluster.cluster import LocalCluster
 from scalable_topics.localcluster.restclient import DEPLOYMENTS, PODS, STATEFULSETS, RestClient
 

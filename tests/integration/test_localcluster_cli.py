@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from scalable_topics.localcluster.cluster import PID_FILE, KubeletUnavailable, LocalCluster
 
 from .conftest import eventually, run_kubectl

@@ -25,6 +25,7 @@ from kubernetes.client import (
     V1OwnerReference,
 )
 from kubernetes.client.exceptions import ApiException
+
 from scalable_topics.localcluster.cluster import LocalCluster
 
 from .conftest import eventually

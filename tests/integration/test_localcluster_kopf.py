@@ -12,6 +12,7 @@ from typing import Any
 
 import kopf
 import pytest
+
 from scalable_topics.localcluster.cluster import LocalCluster
 from scalable_topics.localcluster.errors import ApiError
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
+
 from scalable_topics.localcluster.cluster import LocalCluster
 
 from .conftest import KubectlResult, eventually

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 import pytest_asyncio
+
 from scalable_topics.client.segment import SegmentError, SegmentProducer, SegmentSealedError
 from scalable_topics.core.layout import SegmentLayout
 

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 import pytest_asyncio
+
 from scalable_topics.client.segment import SegmentConsumer, SegmentProducer
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.resources import parse_time

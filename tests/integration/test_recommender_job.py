@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from scalable_topics.core.layout import HashRange, SegmentLayout
 from scalable_topics.core.policy import DEFAULT_POLICY
 from scalable_topics.localcluster.cluster import LocalCluster
@@ -220,6 +221,7 @@ def test_parquet_history_gives_the_same_aggregates(
     spark: Any, history: Path, analysis: Any, tmp_path: Path
 ) -> None:
     from pyspark.sql import functions as F
+
     from scalable_topics.recommender.history import schema
 
     moment = F.timestamp_seconds("ts")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.resources import format_time
 from scalable_topics.localcluster.cluster import LocalCluster

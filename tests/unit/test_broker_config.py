@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from segment_broker.config import BrokerConfig, parse_config
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from segment_broker.storage.cursor import Cursor, SubscriptionType
 
 ops = st.lists(st.tuples(st.sampled_from(["ack", "cumulative"]), st.integers(0, 60)), max_size=80)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from scalable_topics.core import wire
 from scalable_topics.core.wire import Message
 from segment_broker.dispatch import Consumer, Dispatcher, DispatchError

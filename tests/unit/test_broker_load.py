@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
+
 from scalable_topics.core.hashing import segment_hash
 from segment_broker.load import (
     HIST_BINS,

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from scalable_topics.core import wire
 from scalable_topics.core.wire import Message
 from segment_broker.storage.cursor import SubscriptionType

@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 
 import pytest
-from scalable_topics.client import Message, MessageId
 
+from scalable_topics.client import Message, MessageId
 from tests.chaos.checker import (
     Delivery,
     History,

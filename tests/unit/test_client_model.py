@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from scalable_topics.client.consumers import entry_messages, readable
 from scalable_topics.client.model import Checkpoint, Message, MessageId, decode_key
 from scalable_topics.client.segment import ReceivedEntry

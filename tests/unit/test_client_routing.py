@@ -6,6 +6,7 @@ import itertools
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from scalable_topics.client.routing import RoutingTable, SuccessorInfo, plan_entries
 from scalable_topics.core.hashing import bucket_hash, segment_hash
 from scalable_topics.core.layout import SegmentLayout

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
+
 from scalable_topics.controller.leases import (
     ElectionTimings,
     LeaderElector,

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.resources import ResourceValidationError, parse_topic_spec
 from scalable_topics.core.retention import (

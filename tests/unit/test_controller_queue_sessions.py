@@ -7,7 +7,6 @@ from __future__ import annotations
 from scalable_topics.core.assignment import QueueCoordinator, Unit
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.sessions import AssignmentMessage, CloseCode, ErrorCode
-
 from tests.unit.test_controller_sessions import (
     NS,
     SUB,

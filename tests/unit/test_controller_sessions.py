@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import ClientWebSocketResponse, WSMsgType, web
 from aiohttp.test_utils import TestClient, TestServer
+
 from scalable_topics.controller.consumers import ConsumerHub
 from scalable_topics.controller.sessions import make_app
 from scalable_topics.core.assignment import SubscriptionCoordinator
@@ -29,7 +30,6 @@ from scalable_topics.core.sessions import (
     dag_path,
     parse_server_message,
 )
-
 from tests.memory_dags import MemoryDagSource
 
 NS, TOPIC, SUB = "default", "orders", "billing"

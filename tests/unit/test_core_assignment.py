@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from scalable_topics.core.assignment import (
     AssignmentStrategy,
     Coordinator,

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
+
 from scalable_topics.core.assignment import (
     CoordinatorResult,
     QueueCoordinator,
@@ -24,7 +25,6 @@ from scalable_topics.core.assignment import (
 from scalable_topics.core.buckets import initial_layout_buckets, layout_buckets
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.sessions import assignment_message
-
 from tests.unit.test_core_assignment import NAMES, Event, EventRules, RandomRun
 
 # -- helpers ---------------------------------------------------------------------------------

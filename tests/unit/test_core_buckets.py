@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from scalable_topics.core.buckets import (
     DEFAULT_BUCKET_BUDGET,
     N_MAX,

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import pytest
+
 from scalable_topics.core.buckets import rebucket
 from scalable_topics.core.evaluator import (
     Decision,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from scalable_topics.core.hashing import RING_MAX, RING_SIZE, bucket_hash, key_hash, segment_hash
 
 

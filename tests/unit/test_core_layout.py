@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+
 from scalable_topics.core.layout import (
     HashRange,
     SegmentInfo,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from scalable_topics.core.dagview import render_dag
 from scalable_topics.core.layout import HashRange, SegmentLayout
 from scalable_topics.core.operation import (

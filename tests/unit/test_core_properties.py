@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from scalable_topics.core.buckets import (
     N_MAX,
     initial_layout_buckets,

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from scalable_topics.core import resources as r
 from scalable_topics.core.layout import HashRange, SegmentState
 from scalable_topics.core.policy import MIB, AutoScalePolicy, PolicyMode

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from scalable_topics.core.assignment import QueueCoordinator, SubscriptionCoordinator
 from scalable_topics.core.buckets import bucket_boundaries, initial_layout_buckets, layout_buckets
 from scalable_topics.core.layout import SegmentLayout, SegmentState

@@ -17,6 +17,7 @@ import celpy
 import pytest
 import yaml
 from celpy.adapter import json_to_cel
+
 from scalable_topics.cli import crdgen
 from scalable_topics.core import crds
 from scalable_topics.core import resources as r

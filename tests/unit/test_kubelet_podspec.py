@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from scalable_topics.localcluster.podspec import (
     MountRewriter,
     PodLayout,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from scalable_topics.localcluster.processes import (
     BackOff,
     ContainerConfigError,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from scalable_topics.localcluster.errors import ApiError
 from scalable_topics.localcluster.patches import json_patch, merge_patch, strategic_merge_patch
 

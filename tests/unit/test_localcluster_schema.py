@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from scalable_topics.localcluster.schema import apply_defaults, prune, validate
 
 CRD = Path(__file__).resolve().parent.parent / "fixtures" / "localcluster" / "widgets-crd.yaml"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from scalable_topics.localcluster.errors import ApiError
 from scalable_topics.localcluster.selectors import (
     format_selector,

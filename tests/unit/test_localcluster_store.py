@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from scalable_topics.localcluster.errors import ApiError
 from scalable_topics.localcluster.gc import GarbageCollector
 from scalable_topics.localcluster.objects import Api

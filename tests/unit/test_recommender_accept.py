@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from scalable_topics.core.evaluator import Merge, Rebucket, Split
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.policy import DEFAULT_POLICY, AutoScalePolicy

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from scalable_topics.recommender.__main__ import parser
 from scalable_topics.recommender.executor import BACKEND, command
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from scalable_topics.core.layout import HashRange, SegmentLayout
 from scalable_topics.core.policy import DEFAULT_POLICY, AutoScalePolicy
 from scalable_topics.core.resources import Recommendation

@@ -7,6 +7,7 @@ import contextlib
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from scalable_topics.core import buckets as core_buckets
 from scalable_topics.core import wire
 from scalable_topics.core.hashing import bucket_hash, segment_hash
