@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import logging
 from collections import deque
@@ -49,6 +50,7 @@ _ERROR_STATUS = {
     "SegmentNotFound": 404,
     "SubscriptionNotFound": 404,
     "Conflict": 409,
+    "StorageError": 500,
     "NotReady": 503,
 }
 
@@ -241,6 +243,12 @@ class Broker:
             return json_error(
                 "BadRequest", str(exc) if not isinstance(exc, KeyError) else f"missing field {exc}"
             )
+        except OSError as exc:
+            # A full disk (507), a read-only or broken volume: said to the caller and logged,
+            # the broker keeps serving every other segment.
+            log.error("%s %s failed on storage: %s", request.method, request.path, exc)
+            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            return json_error("StorageError", f"{exc}", 507 if full else 500)
 
     async def list_segments(self, request: web.Request) -> web.Response:
         return web.json_response(

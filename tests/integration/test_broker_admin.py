@@ -204,3 +204,21 @@ async def test_a_new_connection_fences_the_old_one_with_the_same_producer_name(
         assert (ack.sequence_id, ack.position) == (1, 1)
         await old.close()
         await new.close()
+
+
+async def test_a_storage_failure_is_reported_and_the_broker_keeps_serving(tmp_path: Path) -> None:
+    """A segment directory that cannot be created (here: a file where the topic's directory
+    belongs; a full disk takes the same path with 507) is an explicit StorageError for that
+    request, nothing half-made is hosted, and every other segment is served."""
+    async with running_broker(tmp_path) as rb, SegmentAdmin(rb.url) as admin:
+        await admin.create_segment(NS, TOPIC, 0, 0, 0xFFFF)
+        (tmp_path / NS).mkdir(exist_ok=True)
+        (tmp_path / NS / "broken").write_text("not a directory")
+        with pytest.raises(AdminError) as info:
+            await admin.create_segment(NS, "broken", 0, 0, 0xFFFF)
+        assert (info.value.status, info.value.code) == (500, "StorageError")
+        assert "Not a directory" in info.value.message
+        assert all(s["topic"] != "broken" for s in await admin.list_segments())
+        producer = await SegmentProducer.connect(rb.url, NS, TOPIC, 0, "p")
+        assert (await (await producer.send(b"still served"))).position == 0
+        await producer.close()
