@@ -81,7 +81,8 @@ class ChaosConfig:
     settle_within: float = 60.0
     drain_within: float = 60.0
     queue_ordered: bool = True
-    """One queue consumer with ``dag_order`` promises per-key order (docs/client.md); check it."""
+    """Queue workers are ordered by default (per-key order through controller-assigned entry
+    buckets, docs/client.md); check it."""
     pad: int = 64
 
 
