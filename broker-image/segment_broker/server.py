@@ -210,13 +210,18 @@ class Broker:
 
     # --- admin ---------------------------------------------------------------------------------
 
-    def _hosted(self, request: web.Request) -> HostedSegment:
+    @staticmethod
+    def _segment_key(request: web.Request) -> tuple[str, str, int]:
+        """``(namespace, topic, segment id)`` of an admin path; a non-integer id is not found."""
         info = request.match_info
         try:
             sid = int(info["segment_id"])
         except ValueError:
             raise NotFoundError(f"segment id {info['segment_id']!r} is not an integer") from None
-        return self.store.get(info["namespace"], info["topic"], sid)
+        return info["namespace"], info["topic"], sid
+
+    def _hosted(self, request: web.Request) -> HostedSegment:
+        return self.store.get(*self._segment_key(request))
 
     @staticmethod
     async def _body(request: web.Request) -> dict[str, Any]:
@@ -298,14 +303,9 @@ class Broker:
 
     async def delete_segment(self, request: web.Request) -> web.Response:
         async def action() -> web.Response:
-            info = request.match_info
-            try:
-                sid = int(info["segment_id"])
-            except ValueError:
-                raise NotFoundError("segment id is not an integer") from None
-            deleted = await self.store.delete(info["namespace"], info["topic"], sid)
-            if not deleted:
-                raise NotFoundError(f"segment {info['namespace']}/{info['topic']}/{sid} not found")
+            namespace, topic, sid = self._segment_key(request)
+            if not await self.store.delete(namespace, topic, sid):
+                raise NotFoundError(f"segment {namespace}/{topic}/{sid} not found")
             return web.json_response({"deleted": True})
 
         return await self._admin(request, action)
@@ -322,12 +322,7 @@ class Broker:
 
     async def activate_segment(self, request: web.Request) -> web.Response:
         async def action() -> web.Response:
-            info = request.match_info
-            try:
-                sid = int(info["segment_id"])
-            except ValueError:
-                raise NotFoundError("segment id is not an integer") from None
-            hosted = await self.store.activate(info["namespace"], info["topic"], sid)
+            hosted = await self.store.activate(*self._segment_key(request))
             return web.json_response(self._summary(hosted))
 
         return await self._admin(request, action)
