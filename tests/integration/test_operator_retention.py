@@ -83,6 +83,19 @@ def drained_for(topic: JsonObj | None, subscription: str) -> list[int]:
     return []
 
 
+async def drain_observed(
+    stack: Stack, name: str, subscription: str, segments: list[int]
+) -> JsonObj:
+    """The topic once the consumer hub records exactly ``segments`` drained for the
+    subscription."""
+
+    async def observed() -> JsonObj | None:
+        topic = await stack.topic(name)
+        return topic if drained_for(topic, subscription) == segments else None
+
+    return await eventually(observed, 30, f"{subscription}'s drain of {segments} observed")
+
+
 async def produce(stack: Stack, name: str, segment_id: int, count: int = MESSAGES) -> str:
     """``count`` acknowledged entries on the segment; returns its broker URL."""
     url = (await stack.broker_segments(name))[segment_id]
@@ -137,11 +150,7 @@ async def test_a_drained_parent_is_pruned_once_every_subscription_is_done(stack:
     assert await consume_to_end(url, name, 0, "billing") == MESSAGES
 
     # The leader sees billing's drain in the broker's stats and tells the consumer hub.
-    async def billing_drained() -> JsonObj | None:
-        topic = await stack.topic(name)
-        return topic if drained_for(topic, "billing") == [0] else None
-
-    topic = await eventually(billing_drained, 30, "billing's drain of #0 observed")
+    topic = await drain_observed(stack, name, "billing", [0])
     sealed_at = parse_time((await stack.segments(name))[0]["status"]["sealedAt"])
     # audit has read nothing: past the retention time, after two more checks of #0, it stays.
     before = await checks_after(stack, sealed_at + 2 + 1)
@@ -196,11 +205,7 @@ async def test_without_retention_a_drained_parent_is_kept(stack: Stack) -> None:
     assert await consume_to_end(url, name, 0, "billing") == MESSAGES
 
     # Nobody reported the drain over a consumer session: the controller saw it in the stats.
-    async def billing_drained() -> JsonObj | None:
-        topic = await stack.topic(name)
-        return topic if drained_for(topic, "billing") == [0] else None
-
-    await eventually(billing_drained, 30, "billing's drain of #0 observed")
+    await drain_observed(stack, name, "billing", [0])
     # A fully drained segment is never asked about again: over later resync passes (several
     # stats rounds), the check count stays where it is, and #0 stays without retention.
     checks = await metric(stack, "scalable_topic_drain_checks_total", 'outcome="ok"')
