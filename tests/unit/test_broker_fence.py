@@ -4,7 +4,6 @@ states survive a restart."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,14 +20,6 @@ from segment_broker.storage.segment import (
     SegmentSealedError,
     StorageSettings,
 )
-
-
-@pytest.fixture
-async def executor() -> AsyncIterator[ThreadPoolExecutor]:
-    pool = ThreadPoolExecutor(2)
-    yield pool
-    pool.shutdown(wait=True)
-
 
 META = SegmentMeta("ns", "t", 3, 0, 0x7FFF, 1, 0.0, Retention())
 

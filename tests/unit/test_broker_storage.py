@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,13 +21,6 @@ from segment_broker.storage.segment import (
     SegmentSealedError,
     StorageSettings,
 )
-
-
-@pytest.fixture
-async def executor() -> AsyncIterator[ThreadPoolExecutor]:
-    pool = ThreadPoolExecutor(4)
-    yield pool
-    pool.shutdown(wait=True)
 
 
 def _meta(retention: Retention | None = None) -> SegmentMeta:

@@ -13,7 +13,7 @@ import errno
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,13 +26,6 @@ from segment_broker.storage.log import RECORD_HEADER_SIZE
 from segment_broker.storage.segment import Segment, SegmentMeta, StorageSettings
 
 _real_fdatasync = log_module.fdatasync
-
-
-@pytest.fixture
-async def executor() -> AsyncIterator[ThreadPoolExecutor]:
-    pool = ThreadPoolExecutor(4)
-    yield pool
-    pool.shutdown(wait=True)
 
 
 class SyncRecorder:
