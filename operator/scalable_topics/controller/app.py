@@ -172,10 +172,8 @@ class Controller:
             entries = [
                 e for e in status.get("subscriptions") or [] if e.get("name") != subscription
             ]
-            entries.append(
-                {"name": subscription, **coordinator_status}
-                | {"type": coordinator_status.get("type", "Stream")}
-            )
+            # A queue coordinator's status carries "type": "Queue" and overrides the default.
+            entries.append({"name": subscription, "type": "Stream", **coordinator_status})
             status["subscriptions"] = sorted(entries, key=lambda e: str(e.get("name")))
 
         assert self.kube is not None
