@@ -101,21 +101,24 @@ def request_done(kubectl: Kubectl, request_id: str) -> dict[str, Any] | None:
     return status if last.get("id") == request_id else None
 
 
+def run_request(kubectl: Kubectl, request_id: str, op: str, segments: list[int]) -> dict[str, Any]:
+    """Apply a ``scalabletopics.io/request`` and return the status once it Succeeded."""
+    request = json.dumps({"id": request_id, "op": op, "segments": segments})
+    kubectl(
+        "annotate", "scalabletopic", "e2e", f"scalabletopics.io/request={request}", "--overwrite"
+    )
+    status: dict[str, Any] = eventually(op, lambda: request_done(kubectl, request_id))
+    assert status["lastRequest"]["result"] == "Succeeded", status["lastRequest"]
+    return status
+
+
 def test_topic_lifecycle_split_merge_delete(kubectl: Kubectl) -> None:
     kubectl("apply", "-f", "-", stdin=TOPIC)
     kubectl("wait", "--for=condition=Ready", "scalabletopic/e2e", f"--timeout={TIMEOUT:.0f}s")
     status = topic(kubectl)["status"]
     assert status["epoch"] == 0 and status["activeSegments"] == 2
 
-    kubectl(
-        "annotate",
-        "scalabletopic",
-        "e2e",
-        'scalabletopics.io/request={"id": "e2e-split", "op": "split", "segments": [0]}',
-        "--overwrite",
-    )
-    status = eventually("the split", lambda: request_done(kubectl, "e2e-split"))
-    assert status["lastRequest"]["result"] == "Succeeded", status["lastRequest"]
+    status = run_request(kubectl, "e2e-split", "split", [0])
     assert status["epoch"] == 1 and status["activeSegments"] == 3
 
     def segment_states() -> dict[int, str]:
@@ -124,26 +127,13 @@ def test_topic_lifecycle_split_merge_delete(kubectl: Kubectl) -> None:
             int(s["spec"]["segmentId"]): (s.get("status") or {}).get("state", "") for s in items
         }
 
-    states = eventually(
-        "Segments matching the DAG",
-        lambda: (
-            (s := segment_states()) == {0: "Sealed", 1: "Active", 2: "Active", 3: "Active"} and s
-        ),
-    )
-    assert states[0] == "Sealed"
+    after_split = {0: "Sealed", 1: "Active", 2: "Active", 3: "Active"}
+    eventually("Segments matching the DAG", lambda: segment_states() == after_split)
     described = kubectl("describe", "scalabletopic", "e2e")
     assert "#0 0000-7fff -> #2 0000-3fff, #3 4000-7fff" in described, described
     assert "Split" in described
 
-    kubectl(
-        "annotate",
-        "scalabletopic",
-        "e2e",
-        'scalabletopics.io/request={"id": "e2e-merge", "op": "merge", "segments": [2, 3]}',
-        "--overwrite",
-    )
-    status = eventually("the merge", lambda: request_done(kubectl, "e2e-merge"))
-    assert status["lastRequest"]["result"] == "Succeeded", status["lastRequest"]
+    status = run_request(kubectl, "e2e-merge", "merge", [2, 3])
     assert status["epoch"] == 2 and status["activeSegments"] == 2
 
     kubectl("delete", "scalabletopic", "e2e", f"--timeout={TIMEOUT:.0f}s")
