@@ -291,11 +291,11 @@ class Segment:
 
     async def open(self) -> RecoveryReport:
         loop = asyncio.get_running_loop()
-        report = await loop.run_in_executor(self.executor, self._open_blocking)
+        report, fenced = await loop.run_in_executor(self.executor, self._open_blocking)
         self.recovery = report
         if self.seal is not None:
             self.sealed_event.set()
-        if (self.directory / FENCE_FILE).exists():
+        if fenced:
             self.writable_event.clear()
         self.visible_position = self.log.durable_position
         self._cache_base = self.log.next_position
@@ -308,7 +308,9 @@ class Segment:
         self._tasks.append(loop.create_task(self._cursor_loop(), name=f"cursors {self.name}"))
         return report
 
-    def _open_blocking(self) -> RecoveryReport:
+    def _open_blocking(self) -> tuple[RecoveryReport, bool]:
+        """Recover the log, cursors, seal and dedup table; also says whether the segment is
+        fenced (the event it clears belongs to the loop, not to this thread)."""
         report = self.log.open()
         cursor_dir = self.directory / "cursors"
         cursor_dir.mkdir(exist_ok=True)
@@ -321,7 +323,7 @@ class Segment:
         if sealed.exists():
             self.seal = SealInfo.from_json(read_json(sealed))
         self._rebuild_dedup()
-        return report
+        return report, (self.directory / FENCE_FILE).exists()
 
     def _rebuild_dedup(self) -> None:
         """Load the newest usable dedup snapshot and replay the log after it.
