@@ -15,6 +15,7 @@ other exception.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -130,6 +131,85 @@ class WireError(ValueError):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+# --- strict parsing of what clients send -------------------------------------------------------
+
+MAX_ID = 0x7FFF_FFFF_FFFF_FFFF
+"""Largest segment id (and other id) the protocol accepts: 2^63-1, a signed 64-bit value."""
+_ID_TEXT = re.compile(r"0|[1-9][0-9]{0,18}")
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of arrays and objects accepted in a client's JSON (HELLO, admin bodies)."""
+
+
+def parse_id(text: str, what: str = "segment id") -> int:
+    """An id written in a path: canonical ASCII decimal (no sign, whitespace, underscore or
+    leading zero), within 0..2^63-1. One spelling per id, so ``/7`` and ``/007`` cannot name
+    the same segment."""
+    if not _ID_TEXT.fullmatch(text):
+        raise WireError(
+            "bad_id",
+            f"{what} {text[:40]!r} must be decimal digits without sign, spaces or leading "
+            "zeros, in 0..2^63-1",
+        )
+    value = int(text)
+    if value > MAX_ID:
+        raise WireError("bad_id", f"{what} {text!r} is outside 0..2^63-1")
+    return value
+
+
+def check_id(value: object, what: str = "segmentId") -> int:
+    """An id carried in JSON: an integer (not a boolean) within 0..2^63-1."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_ID:
+        raise WireError("bad_id", f"{what} must be an integer in 0..2^63-1")
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json_object(data: bytes | memoryview, what: str = "frame body") -> dict[str, Any]:
+    """Strict JSON object from an untrusted peer, or :class:`WireError` ``bad_json``.
+
+    UTF-8 only; ``NaN``/``Infinity`` refused; nesting beyond :data:`MAX_JSON_DEPTH` refused
+    (Python's parser would otherwise raise ``RecursionError`` on thousands of levels); strings
+    must be valid Unicode (no lone surrogates, which ``\\ud800`` escapes produce and which
+    cannot be encoded again).
+    """
+    try:
+        body = json.loads(bytes(data).decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError):
+        raise WireError("bad_json", f"{what} is not UTF-8 JSON") from None
+    except RecursionError:
+        raise WireError("bad_json", f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from None
+    if not isinstance(body, dict):
+        raise WireError("bad_json", f"{what} is not a JSON object")
+    _check_json_value(body, what)
+    return body
+
+
+def _check_json_value(body: dict[str, Any], what: str) -> None:
+    """Iterative walk (a recursive one would be the problem it guards against)."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise WireError("bad_json", f"{what} holds an invalid string") from None
+            continue
+        if isinstance(value, dict):
+            children: Iterable[Any] = [*value.keys(), *value.values()]
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise WireError("bad_json", f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children)
 
 
 def bucket_of(hashb: int, buckets: int) -> int:
@@ -438,13 +518,9 @@ def frame_type(frame: bytes | memoryview) -> int:
 
 
 def _json_body(frame: bytes | memoryview, offset: int) -> dict[str, Any]:
-    try:
-        body = json.loads(bytes(frame[offset:]).decode("utf-8")) if len(frame) > offset else {}
-    except (UnicodeDecodeError, ValueError):
-        raise WireError("bad_json", "frame body is not UTF-8 JSON") from None
-    if not isinstance(body, dict):
-        raise WireError("bad_json", "frame body is not a JSON object")
-    return body
+    if len(frame) <= offset:
+        return {}
+    return parse_json_object(memoryview(frame)[offset:])
 
 
 def _json_frame(kind: int, body: Mapping[str, Any]) -> bytes:
