@@ -5,9 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from scalable_topics.controller.reconciler import loose_request
 from scalable_topics.core.resources import (
     REQUEST_HISTORY,
+    ResourceValidationError,
     handled_request,
+    parse_manual_request,
     remember_request,
 )
 
@@ -75,3 +80,30 @@ def test_long_messages_are_cut_in_the_history() -> None:
     remember_request(status)
     assert len(status["recentRequests"][0]["message"]) == 256
     assert len(status["lastRequest"]["message"]) == 5000
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ('{"id": "m1", "op": "merge", "segments": [1]}', ("m1", "merge")),
+        ('{"id": "m2", "op": "merge", "segments": [1, 1]}', ("m2", "merge")),
+        ('{"id": "s1", "op": "split", "segments": [1, 2]}', ("s1", "split")),
+        ('{"id": 7, "op": "split", "segments": []}', ("7", "split")),
+        ('{"id": "x", "op": "explode", "segments": [1]}', ("x", "split")),
+        ('{"op": "merge"}', ("invalid", "merge")),
+        ("[1, 2]", ("invalid", "split")),
+        ("not json", ("invalid", "split")),
+    ],
+)
+def test_an_invalid_request_is_recorded_under_its_own_op(
+    raw: str, expected: tuple[str, str]
+) -> None:
+    """A request the operator rejects at validation keeps the op it asked for in
+    ``status.lastRequest`` and the history (a one-segment merge was recorded as a split)."""
+    with pytest.raises(ResourceValidationError):
+        parse_manual_request(raw)
+    assert loose_request(raw) == expected
+    request_id, op = expected
+    status: dict[str, Any] = {"lastRequest": outcome(request_id, "Rejected", op=op)}
+    remember_request(status)
+    _status_ok(status)

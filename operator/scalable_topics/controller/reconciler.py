@@ -599,10 +599,10 @@ class TopicReconciler:
         try:
             request = parse_manual_request(raw)
         except ResourceValidationError as exc:
-            request_id = _loose_id(raw)
+            request_id, op = loose_request(raw)
             if (status.get("lastRequest") or {}).get("id") == request_id:
                 return topic
-            return await self._reject(topic, request_id, "split", str(exc))
+            return await self._reject(topic, request_id, op, str(exc))
         if (status.get("lastRequest") or {}).get("id") == request.id:
             return topic
         if status.get("operation"):
@@ -870,12 +870,19 @@ class TopicReconciler:
         log.info("%s/%s: deleted %d segment(s) and released the finalizer", ns, name, len(segments))
 
 
-def _loose_id(raw: str) -> str:
+def loose_request(raw: str) -> tuple[str, str]:
+    """The id and op of a request annotation that failed validation, for its ``Rejected``
+    outcome: what the request said where it can be read (a one-segment merge is recorded as a
+    merge), ``"invalid"`` for an unreadable id and ``"split"`` for an unreadable op (the status
+    schema knows only split and merge)."""
     try:
         data = json.loads(raw)
     except json.JSONDecodeError:
-        return "invalid"
-    return str(data.get("id", "invalid")) if isinstance(data, dict) else "invalid"
+        return "invalid", "split"
+    if not isinstance(data, dict):
+        return "invalid", "split"
+    op = data.get("op")
+    return str(data.get("id", "invalid")), op if op in ("split", "merge") else "split"
 
 
 def _hub_drained(status: Mapping[str, Any], spec: ScalableTopicSpec) -> dict[str, set[int]]:
