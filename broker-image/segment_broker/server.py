@@ -73,6 +73,12 @@ class _Closing(Exception):
         self.close_code = close_code
 
 
+def _close_reason(message: str) -> bytes:
+    """A WebSocket close reason holds at most 123 bytes: cut on a UTF-8 character boundary
+    (the ERROR frame before the close carries the whole message)."""
+    return message.encode()[:120].decode(errors="ignore").encode()
+
+
 def _protocol(kind: str, message: str) -> _Closing:
     return _Closing(kind, wire.ERR_PROTOCOL, message, wire.CLOSE_PROTOCOL_ERROR)
 
@@ -212,13 +218,10 @@ class Broker:
 
     @staticmethod
     def _segment_key(request: web.Request) -> tuple[str, str, int]:
-        """``(namespace, topic, segment id)`` of an admin path; a non-integer id is not found."""
+        """``(namespace, topic, segment id)`` of a path; a malformed id is a ``WireError``
+        (400 on admin routes, close 4000 on WebSockets)."""
         info = request.match_info
-        try:
-            sid = int(info["segment_id"])
-        except ValueError:
-            raise NotFoundError(f"segment id {info['segment_id']!r} is not an integer") from None
-        return info["namespace"], info["topic"], sid
+        return info["namespace"], info["topic"], wire.parse_id(info["segment_id"])
 
     def _hosted(self, request: web.Request) -> HostedSegment:
         return self.store.get(*self._segment_key(request))
@@ -227,13 +230,7 @@ class Broker:
     async def _body(request: web.Request) -> dict[str, Any]:
         if not request.can_read_body:
             return {}
-        try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            raise ValueError("request body is not JSON") from None
-        if not isinstance(body, dict):
-            raise ValueError("request body must be a JSON object")
-        return body
+        return wire.parse_json_object(await request.read(), "request body")
 
     async def _admin(
         self, request: web.Request, action: Callable[[], Awaitable[web.Response]]
@@ -262,9 +259,8 @@ class Broker:
 
     async def create_segment(self, request: web.Request) -> web.Response:
         async def action() -> web.Response:
+            namespace, topic, sid = self._segment_key(request)
             body = await self._body(request)
-            info = request.match_info
-            sid = int(info["segment_id"])
             rng = body["range"]
             if not isinstance(rng, dict):
                 raise ValueError("range must be an object {start, end}")
@@ -280,15 +276,18 @@ class Broker:
                 name = str(item["name"])
                 _check_subscription_name(name)
                 subs[name] = SubscriptionType.parse(str(item.get("type", "Exclusive")))
+            retention = body.get("retention")
+            if retention is not None and not isinstance(retention, dict):
+                raise ValueError("retention must be an object {timeMs, sizeBytes}")
             hosted, created = await self.store.create(
-                info["namespace"],
-                info["topic"],
+                namespace,
+                topic,
                 sid,
                 start,
                 end,
                 buckets,
                 subs,
-                Retention.from_json(body.get("retention")),
+                Retention.from_json(retention),
                 writable=writable,
             )
             return web.json_response(self._stats(hosted), status=201 if created else 200)
@@ -457,7 +456,7 @@ def _successor(item: Any) -> dict[str, Any]:
     if url is not None and not isinstance(url, str):
         raise ValueError("brokerUrl must be a string")
     return {
-        "segmentId": _int(item, "segmentId"),
+        "segmentId": wire.check_id(item.get("segmentId")),
         "range": {"start": start, "end": end},
         "brokerUrl": url,
     }
@@ -517,16 +516,14 @@ class _Connection:
                 wire.CLOSE_UNSUPPORTED_VERSION,
             )
         self.version = min(version, wire.PROTOCOL_VERSION)
-        info = self.request.match_info
+        key = Broker._segment_key(self.request)
         try:
-            sid = int(info["segment_id"])
-            self.hosted = self.broker.store.get(info["namespace"], info["topic"], sid)
-        except (ValueError, NotFoundError):
+            self.hosted = self.broker.store.get(*key)
+        except NotFoundError as exc:
             raise _Closing(
                 "segment_not_found",
                 wire.ERR_SEGMENT_NOT_FOUND,
-                f"segment {info['namespace']}/{info['topic']}/{info['segment_id']} "
-                "is not hosted here",
+                str(exc),
                 wire.CLOSE_SEGMENT_NOT_FOUND,
             ) from None
         return body
@@ -565,7 +562,7 @@ class _Connection:
                 await self._flush_out()
                 with contextlib.suppress(Exception):
                     await self.ws.send_bytes(wire.encode_error(code, message))
-                    await self.ws.close(code=close_code, message=message[:120].encode())
+                    await self.ws.close(code=close_code, message=_close_reason(message))
             if writer is not None:
                 writer.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -591,7 +588,7 @@ class _Connection:
             return
         with contextlib.suppress(Exception):
             await self.ws.send_bytes(wire.encode_error(exc.code, str(exc)))
-            await self.ws.close(code=exc.close_code, message=str(exc)[:120].encode())
+            await self.ws.close(code=exc.close_code, message=_close_reason(str(exc)))
 
     async def _writer(self) -> None:
         ws = self.ws

@@ -9,9 +9,11 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
+import yarl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scalable_topics.client.segment import SegmentAdmin
 from scalable_topics.core import wire
 from scalable_topics.core.wire import Message
 from segment_broker.testing import BrokerProcess
@@ -195,6 +197,88 @@ def test_admin_answers_garbage_bodies_with_client_errors(
             return resp.status
 
     assert asyncio.run(call()) in (200, 201, 400, 404, 409)
+
+
+def _deep_json(depth: int) -> bytes:
+    return b'{"producerName":"p","consumerName":"c","x":' + b"[" * depth + b"]" * depth + b"}"
+
+
+@pytest.mark.parametrize("route", ["produce/{ns}/{t}/0", "consume/{ns}/{t}/0/s"])
+def test_deeply_nested_hello_is_a_protocol_error(broker: BrokerProcess, route: str) -> None:
+    url = f"{broker.url}/ws/v1/" + route.format(ns=NS, t=TOPIC)
+    hello = bytes((wire.FRAME_HELLO,)) + struct.pack("<H", wire.PROTOCOL_VERSION) + _deep_json(5000)
+    code, received = asyncio.run(_exchange(url, [hello]))
+    assert code == wire.CLOSE_PROTOCOL_ERROR
+    assert wire.decode_json_frame(received[-1])["code"] == wire.ERR_PROTOCOL
+
+
+BAD_IDS = ["+7", "%207", "7%20", "18446744073709551616", "9223372036854775808", "007", "7_0"]
+"""Percent-encoded as they appear in a URL (``%20`` is a space)."""
+
+
+@pytest.mark.parametrize("segment_id", BAD_IDS)
+def test_malformed_segment_ids_are_refused(broker: BrokerProcess, segment_id: str) -> None:
+    """Segment 7 exists, so a lenient parser would serve ``+7`` as segment 7."""
+
+    async def run() -> None:
+        async with SegmentAdmin(broker.url) as admin:
+            await admin.create_segment(NS, TOPIC, 7, 0, 0xFFFF, subscriptions={"s": "Queue"})
+        base = f"{broker.url}/admin/v1/segments/{NS}/{TOPIC}/{segment_id}"
+        calls: list[tuple[str, str, object]] = [
+            ("GET", base, None),
+            ("DELETE", base, None),
+            ("POST", base + "/activate", None),
+            ("PUT", base, {"range": {"start": 0, "end": 0xFFFF}}),
+            ("PUT", base + "/subscriptions/x", {"type": "Queue"}),
+        ]
+        async with aiohttp.ClientSession() as s:
+            for method, url, body in calls:
+                async with s.request(method, yarl.URL(url, encoded=True), json=body) as resp:
+                    assert resp.status == 400, (method, url, await resp.text())
+                    error = (await resp.json())["error"]
+                    assert error["code"] == "BadRequest"
+                    assert "0..2^63-1" in error["message"]
+        assert (await SegmentAdmin(broker.url).stats(NS, TOPIC, 7))["segmentId"] == 7
+
+    asyncio.run(run())
+    hellos: list[tuple[str, dict[str, object]]] = [
+        (f"produce/{NS}/{TOPIC}/{segment_id}", {"producerName": "p"}),
+        (f"consume/{NS}/{TOPIC}/{segment_id}/s", {"consumerName": "c"}),
+    ]
+    for route, hello in hellos:
+        url = yarl.URL(f"{broker.url}/ws/v1/{route}", encoded=True)
+        code, received = asyncio.run(_exchange(str(url), [_hello(hello)]))
+        assert code == wire.CLOSE_PROTOCOL_ERROR, (route, received)
+        assert "0..2^63-1" in wire.decode_json_frame(received[-1])["message"]
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("", b'{"range":' + b"[" * 5000 + b"]" * 5000 + b"}"),
+        ("/terminate", b'{"successors":' + b"[" * 5000 + b"]" * 5000 + b"}"),
+        ("/subscriptions/x", b'{"type":' + b'{"a":' * 5000 + b"1" + b"}" * 5001),
+        ("", b'{"range":{"start":0,"end":5},"retention":[1]}'),
+        ("", b'{"range":{"start":0,"end":NaN}}'),
+        (
+            "/terminate",
+            b'{"successors":[{"segmentId":18446744073709551616,"range":{"start":0,"end":5}}]}',
+        ),
+        ("/terminate", b'{"successors":[{"segmentId":-1,"range":{"start":0,"end":5}}]}'),
+    ],
+)
+def test_hostile_admin_bodies_are_bad_requests(
+    broker: BrokerProcess, route: str, body: bytes
+) -> None:
+    async def call() -> tuple[int, str]:
+        async with SegmentAdmin(broker.url) as admin:
+            await admin.create_segment(NS, "hostile", 3, 0, 0xFFFF)
+        method = "POST" if route == "/terminate" else "PUT"
+        url = f"{broker.url}/admin/v1/segments/{NS}/hostile/3{route}"
+        async with aiohttp.ClientSession() as s, s.request(method, url, data=body) as resp:
+            return resp.status, (await resp.json())["error"]["code"]
+
+    assert asyncio.run(call()) == (400, "BadRequest")
 
 
 def test_broker_survives_the_fuzzing(broker: BrokerProcess) -> None:
