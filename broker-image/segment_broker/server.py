@@ -732,8 +732,7 @@ class ProducerConnection(_Connection):
         buckets = seg.meta.buckets
         unacked = self.unacked
         wake = False
-        for entry in wire.decode_send(data):
-            header = wire.decode_entry_header(entry)
+        for entry, header in self._checked_entries(data):
             if (
                 buckets > 1
                 and header.keyed
@@ -772,6 +771,23 @@ class ProducerConnection(_Connection):
             self.out_event.set()
         if self.inflight_bytes > self.window:
             self.window_open.clear()
+
+    def _checked_entries(self, data: bytes) -> list[tuple[memoryview, wire.EntryHeader]]:
+        """Every entry of a SEND frame with its header, validated before any is staged: a
+        malformed entry or one naming another producer refuses the whole frame (and closes
+        the connection), so nothing of it is stored and no other producer's de-duplication
+        state (its last sequence id) can be touched by this connection."""
+        checked: list[tuple[memoryview, wire.EntryHeader]] = []
+        for entry in wire.decode_send(data):
+            header = wire.decode_entry_header(entry)
+            if header.producer_name != self.producer_name:
+                raise _protocol(
+                    "wrong_producer",
+                    f"entries must name producer {self.producer_name!r} (this connection's "
+                    f"HELLO producerName), got {header.producer_name!r}",
+                )
+            checked.append((entry, header))
+        return checked
 
     async def _after_frame(self) -> None:
         if not self.window_open.is_set():

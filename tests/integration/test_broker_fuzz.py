@@ -13,7 +13,7 @@ import yarl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scalable_topics.client.segment import SegmentAdmin
+from scalable_topics.client.segment import SegmentAdmin, SegmentConsumer, SegmentProducer
 from scalable_topics.core import wire
 from scalable_topics.core.wire import Message
 from segment_broker.testing import BrokerProcess
@@ -197,6 +197,71 @@ def test_admin_answers_garbage_bodies_with_client_errors(
             return resp.status
 
     assert asyncio.run(call()) in (200, 201, 400, 404, 409)
+
+
+def test_a_connection_cannot_write_under_another_producers_name(broker: BrokerProcess) -> None:
+    """The attack of issue 11: a connection named ``other-app`` sends an entry as ``victim``
+    with sequence id 2^63-1. It is closed with 4000, nothing of its batch is stored, and the
+    real ``victim`` (connected before and after) keeps being stored and acknowledged."""
+    topic = "names"
+
+    async def attack(url: str) -> tuple[int | None, str, list[bytes]]:
+        """Returns the close code and reason (None, "" when the broker acknowledged the batch
+        instead of closing) and the frames received."""
+        forged = wire.encode_entry("victim", 2**63 - 1, [Message(b"forged")])
+        own = wire.encode_entry("other-app", 0, [Message(b"own")])
+        received: list[bytes] = []
+        async with aiohttp.ClientSession() as s, s.ws_connect(url) as ws:
+            await ws.send_bytes(_hello({"producerName": "other-app"}))
+            await ws.send_bytes(wire.encode_send([own, forged]))
+            async with asyncio.timeout(10):
+                while (msg := await ws.receive()).type == aiohttp.WSMsgType.BINARY:
+                    received.append(msg.data)
+                    if msg.data[0] == wire.FRAME_SEND_ACK:
+                        return None, "", received
+            return ws.close_code, str(msg.extra), received
+
+    async def run() -> None:
+        async with SegmentAdmin(broker.url) as admin:
+            await admin.create_segment(NS, topic, 1, 0, 0xFFFF, subscriptions={"s": "Queue"})
+            victim = await SegmentProducer.connect(broker.url, NS, topic, 1, "victim")
+            before = await (await victim.send_entry([Message(b"v0")]))
+            assert (before.position, before.duplicate) == (0, False)
+
+            url = f"{broker.url}/ws/v1/produce/{NS}/{topic}/1"
+            code, reason, received = await attack(url)
+
+            later = [await (await victim.send_entry([Message(f"v{i}".encode())])) for i in (1, 2)]
+            assert [(a.position, a.duplicate) for a in later] == [(1, False), (2, False)]
+            assert victim.failure is None
+            assert code == wire.CLOSE_PROTOCOL_ERROR
+            assert "'other-app'" in reason and "'victim'" in reason
+            assert [f[0] for f in received] == [wire.FRAME_HELLO_OK, wire.FRAME_ERROR]
+            error = wire.decode_json_frame(received[1])
+            assert error["code"] == wire.ERR_PROTOCOL
+            assert "must name producer 'other-app'" in error["message"]
+            await victim.close()
+            restarted = await SegmentProducer.connect(broker.url, NS, topic, 1, "victim")
+            assert restarted.last_sequence_id == later[-1].sequence_id
+            after = await (await restarted.send_entry([Message(b"v3")]))
+            assert (after.position, after.duplicate) == (3, False)
+            await restarted.close()
+            attacker = await SegmentProducer.connect(broker.url, NS, topic, 1, "other-app")
+            assert attacker.last_sequence_id == -1, "nothing of the refused batch was stored"
+            await attacker.close()
+
+            stats = await admin.stats(NS, topic, 1)
+            assert (stats["lastPosition"], stats["counters"]["duplicates"]) == (3, 0)
+            consumer = await SegmentConsumer.connect(broker.url, NS, topic, 1, "s", "c")
+            values: list[bytes] = []
+            for _ in range(4):
+                entry = await consumer.receive()
+                assert entry is not None
+                values.extend(m.value for m in entry.messages())
+            assert values == [b"v0", b"v1", b"v2", b"v3"]
+            await consumer.close()
+
+    asyncio.run(run())
 
 
 def _deep_json(depth: int) -> bytes:
