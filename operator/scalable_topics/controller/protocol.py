@@ -44,6 +44,7 @@ from ..core.resources import (
     SEGMENT_KIND,
     TOPIC_KIND,
     format_time,
+    layout_status,
     parse_topic_spec,
     segment_name,
 )
@@ -414,7 +415,7 @@ class OperationExecutor:
             if layout is None:
                 raise OperationRejected("the topic has no layout")
             new_layout = operation.apply(layout)
-            status["layout"] = new_layout.to_metadata()
+            status["layout"] = layout_status(new_layout)
             status["epoch"] = new_layout.epoch
             status["nextSegmentId"] = new_layout.next_segment_id
             status["activeSegments"] = len(new_layout.active())

@@ -32,6 +32,7 @@ from ..core.resources import (
     format_time,
     get_condition,
     handled_request,
+    layout_status,
     parse_manual_request,
     parse_time,
     parse_topic_spec,
@@ -252,7 +253,7 @@ class TopicReconciler:
         def change(status: dict[str, Any], obj: Body) -> None:
             if (status or {}).get("layout"):
                 return
-            status["layout"] = layout.to_metadata()
+            status["layout"] = layout_status(layout)
             status["epoch"] = layout.epoch
             status["nextSegmentId"] = layout.next_segment_id
             status["activeSegments"] = len(layout.active())
@@ -566,7 +567,7 @@ class TopicReconciler:
             if not pruned:
                 return
             new.validate()
-            status["layout"] = new.to_metadata()
+            status["layout"] = layout_status(new)
             status["epoch"] = new.epoch
             status["nextSegmentId"] = new.next_segment_id
             status["activeSegments"] = len(new.active())

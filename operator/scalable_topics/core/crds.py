@@ -318,7 +318,8 @@ def segment_crd() -> dict[str, Any]:
         _column("Range", "string", ".spec.range.hex", "Hash range (hex)."),
         _column("State", "string", ".status.state", "Pending, Active or Sealed."),
         _column("Broker", "string", ".status.broker.pod", "Hosting broker pod."),
-        _column("Rate-In", "number", ".status.load.msgRateIn", "Messages/s in."),
+        # integer: the API server truncates the float (71.7103... prints as 71).
+        _column("Rate-In", "integer", ".status.load.msgRateIn", "Messages/s in."),
         _AGE,
         _column("Parents", "string", ".spec.parents", "Parent segment ids.", 1),
         _column("Buckets", "integer", ".spec.buckets", "Entry buckets.", 1),

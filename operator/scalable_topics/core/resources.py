@@ -39,7 +39,7 @@ from pydantic.fields import FieldInfo
 
 from .assignment import AssignmentStrategy
 from .hashing import RING_MAX
-from .layout import HashRange, SegmentState
+from .layout import HashRange, SegmentLayout, SegmentState
 from .operation import OperationKind, Phase
 from .policy import (
     DEFAULT_POLICY,
@@ -53,6 +53,7 @@ from .policy import (
 from .retention import RetentionRule
 
 __all__ = [
+    "ANNOTATION_AUTOSCALE_POLICY",
     "ANNOTATION_REQUEST",
     "API_VERSION",
     "CATEGORY",
@@ -78,6 +79,7 @@ __all__ = [
     "SEGMENT_SINGULAR",
     "SUBSCRIPTION_NAME_PATTERN",
     "TOPIC_KIND",
+    "TOPIC_RULES",
     "TOPIC_PLURAL",
     "TOPIC_SHORT_NAMES",
     "TOPIC_SINGULAR",
@@ -119,6 +121,7 @@ __all__ = [
     "format_time",
     "get_condition",
     "handled_request",
+    "layout_status",
     "parse_manual_request",
     "parse_segment",
     "parse_segment_spec",
@@ -130,6 +133,7 @@ __all__ = [
     "segment_manifest",
     "segment_name",
     "set_condition",
+    "topic_name_problem",
 ]
 
 # -- identity ----------------------------------------------------------------------------------
@@ -154,13 +158,17 @@ LABEL_SEGMENT_ID = f"{GROUP}/segment-id"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "scalable-topics-operator"
 ANNOTATION_REQUEST = f"{GROUP}/request"
+ANNOTATION_AUTOSCALE_POLICY = f"{GROUP}/autoscale-policy"
+"""On a Namespace: a JSON object of camelCase auto-scale knobs for the topics in it."""
 
 MAX_INITIAL_SEGMENTS = 1024
 MAX_BUCKETS = 1024
 MAX_SUBSCRIPTIONS = 64
 MAX_PARENTS = 64
-# A topic's name is the value of the ``scalabletopics.io/topic`` label on its segments.
 MAX_TOPIC_NAME = 63
+"""A topic's name is the value of the ``scalabletopics.io/topic`` label on its Segments, and a
+label value has at most 63 characters. The Segment names (``<topic>-<id>``) are DNS subdomains
+of up to 253 characters, which leaves room for any id."""
 
 DURATION_PATTERN = r"^(([0-9]+(\.[0-9]+)?(ms|s|m|h))+|[0-9]+(\.[0-9]+)?)$"
 QUANTITY_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B?|[kmgt]B?|B)?\s*$"
@@ -362,6 +370,7 @@ class Reason:
     IDLE = "Idle"
     # Stalled
     OPERATION_FAILED = "OperationFailed"
+    NAME_TOO_LONG = "NameTooLong"
 
 
 class SegmentPhase(enum.StrEnum):
@@ -768,6 +777,50 @@ class ScalableTopicSpec(_Spec):
     def subscription(self, name: str) -> SubscriptionSpec | None:
         return next((s for s in self.subscriptions if s.name == name), None)
 
+    def initial_segments_problem(
+        self, policy: AutoScalePolicy, namespace: PolicySource = None
+    ) -> str | None:
+        """Why the topic cannot be laid out: ``initialSegments`` outside ``[minSegments,
+        maxSegments]`` of the effective ``policy`` (``None`` when it fits). ``namespace`` is the
+        namespace's policy, only to say where the bound comes from.
+
+        Admission rejects what the spec alone decides (:data:`TOPIC_RULES`); this is the rest,
+        a bound from the namespace or the operator's defaults. It matters only before the topic
+        is laid out: afterwards ``initialSegments`` is history, and lowering ``maxSegments``
+        below it is a legitimate change of policy."""
+        outside = _initial_segments_outside(
+            self.initial_segments, policy.min_segments, policy.max_segments
+        )
+        if outside is None:
+            return None
+        knob, bound, relation = outside
+        topic = self.auto_scale.knobs() if self.auto_scale is not None else None
+        source = {
+            "topic": "spec.autoScale",
+            "namespace": f"the namespace's {ANNOTATION_AUTOSCALE_POLICY} annotation",
+            "default": "the operator's default",
+        }[knob_source(_SNAKE[knob], topic, namespace)]
+        return (
+            f"spec.initialSegments ({self.initial_segments}) is {relation} {knob} ({bound}) of "
+            f"the effective auto-scale policy (from {source}): no segment is created until "
+            f"{knob} allows {self.initial_segments}; initialSegments is immutable, so otherwise "
+            "re-create the topic"
+        )
+
+
+_SNAKE = {"minSegments": "min_segments", "maxSegments": "max_segments"}
+
+
+def _initial_segments_outside(
+    initial: int, min_segments: int | None, max_segments: int | None
+) -> tuple[str, int, str] | None:
+    """(knob, bound, ``above``/``below``) when ``initial`` is outside the bounds given."""
+    if max_segments is not None and initial > max_segments:
+        return "maxSegments", max_segments, "above"
+    if min_segments is not None and initial < min_segments:
+        return "minSegments", min_segments, "below"
+    return None
+
 
 # -- ScalableTopic status ----------------------------------------------------------------------
 
@@ -970,12 +1023,67 @@ class ScalableTopic(_Status):
     @classmethod
     def _check_name(cls, value: dict[str, Any]) -> dict[str, Any]:
         name = value.get("name")
-        if name is not None and len(str(name)) > MAX_TOPIC_NAME:
-            raise ValueError(
-                f"name {name!r} is longer than {MAX_TOPIC_NAME} characters (it is a label value "
-                "on the topic's segments)"
-            )
+        problem = None if name is None else topic_name_problem(str(name))
+        if problem is not None:
+            raise ValueError(problem)
         return value
+
+    @model_validator(mode="after")
+    def _check_initial_segments(self) -> ScalableTopic:
+        """:data:`TOPIC_RULES`: a topic the operator has not seen yet (no status) starts within
+        its own ``minSegments``/``maxSegments``."""
+        auto_scale = self.spec.auto_scale
+        if self.status is not None or auto_scale is None:
+            return self
+        knobs = auto_scale.knobs()
+        outside = _initial_segments_outside(
+            self.spec.initial_segments, knobs.get("min_segments"), knobs.get("max_segments")
+        )
+        if outside is not None:
+            knob, bound, relation = outside
+            raise ValueError(
+                f"spec.initialSegments ({self.spec.initial_segments}) is {relation} "
+                f"spec.autoScale.{knob} ({bound})"
+            )
+        return self
+
+
+def topic_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a topic's name (``None`` when it can): the CRD's limit, which the
+    operator also applies to topics stored before the limit was enforced."""
+    if len(name) <= MAX_TOPIC_NAME:
+        return None
+    return (
+        f"the name is {len(name)} characters, longer than {MAX_TOPIC_NAME} characters: it is "
+        f"the value of the {LABEL_TOPIC} label on the topic's Segments, and a Kubernetes label "
+        "value has at most 63 characters. No segment can be created for this topic; re-create "
+        "it under a shorter name"
+    )
+
+
+def _initial_segments_rule(knob: str, op: str, relation: str) -> dict[str, str]:
+    return {
+        "rule": f"has(self.status) || !has(self.spec.autoScale) "
+        f"|| !has(self.spec.autoScale.{knob}) "
+        f"|| self.spec.initialSegments {op} self.spec.autoScale.{knob}",
+        "message": f"spec.initialSegments must be {op} spec.autoScale.{knob}: the topic would "
+        f"start {relation} its own {knob}",
+    }
+
+
+TOPIC_RULES: list[dict[str, str]] = [
+    _initial_segments_rule("maxSegments", "<=", "above"),
+    _initial_segments_rule("minSegments", ">=", "below"),
+]
+"""CEL rules at the root of the ScalableTopic schema, mirrored by :class:`ScalableTopic`.
+
+They check ``initialSegments`` against the topic's own bounds only while the topic has no
+status, i.e. on create and until the operator first saw it: afterwards the layout exists and
+lowering ``maxSegments`` below ``initialSegments`` (which is immutable) is a legitimate change.
+The status test also keeps the operator's status writes valid for a topic stored before the
+rules existed (a status write runs the root rules too, and the root always changed). Bounds set
+by the namespace or the operator's defaults are the operator's to check
+(:meth:`ScalableTopicSpec.initial_segments_problem`, ``InvalidSpec``)."""
 
 
 # -- Segment -----------------------------------------------------------------------------------
@@ -1174,6 +1282,17 @@ def remember_request(status: dict[str, Any], limit: int = REQUEST_HISTORY) -> No
         entry["message"] = entry["message"][:256]
     history.append(entry)
     status["recentRequests"] = history[-limit:]
+
+
+def layout_status(layout: SegmentLayout) -> dict[str, Any]:
+    """``status.layout``: the layout's PIP-468 metadata without ``sealedAtEpoch`` on active
+    segments (it is 0 there, which ``kubectl describe`` showed as "Sealed At Epoch: 0").
+    :meth:`SegmentLayout.from_metadata` reads a missing ``sealedAtEpoch`` as active."""
+    data = layout.to_metadata()
+    for segment in data["segments"].values():
+        if segment["state"] == SegmentState.ACTIVE.value:
+            del segment["sealedAtEpoch"]
+    return data
 
 
 def segment_name(topic: str, segment_id: int) -> str:

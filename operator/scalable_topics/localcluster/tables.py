@@ -8,6 +8,7 @@ brackets), ``[n]`` indexes, ``[*]`` and ``[?(@.field=="value")]`` filters.
 from __future__ import annotations
 
 import json
+import math
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -169,7 +170,9 @@ def _cell(values: list[Any], typ: str) -> Any:
     value = values[0] if len(values) == 1 else values
     if typ == "date":
         return age(value)
-    if typ == "integer":
+    if typ == "integer":  # a float is truncated, as the API server's table convertor does
+        if isinstance(value, float) and math.isfinite(value):
+            return int(value)
         return value if isinstance(value, int) and not isinstance(value, bool) else None
     if typ == "number":
         return value if isinstance(value, int | float) and not isinstance(value, bool) else None
