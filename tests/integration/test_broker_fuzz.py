@@ -12,6 +12,7 @@ import pytest
 import yarl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from scalable_topics.client.segment import SegmentAdmin, SegmentConsumer, SegmentProducer
 from scalable_topics.core import wire
@@ -199,6 +200,18 @@ def test_admin_answers_garbage_bodies_with_client_errors(
     assert asyncio.run(call()) in (200, 201, 400, 404, 409)
 
 
+async def _protocol_errors(url: str, kind: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as resp:
+        text = await resp.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "segment_broker_protocol_errors_total" and sample.labels == {
+                "kind": kind
+            }:
+                return sample.value
+    return 0.0
+
+
 def test_a_connection_cannot_write_under_another_producers_name(broker: BrokerProcess) -> None:
     """The attack of issue 11: a connection named ``other-app`` sends an entry as ``victim``
     with sequence id 2^63-1. It is closed with 4000, nothing of its batch is stored, and the
@@ -229,6 +242,7 @@ def test_a_connection_cannot_write_under_another_producers_name(broker: BrokerPr
             assert (before.position, before.duplicate) == (0, False)
 
             url = f"{broker.url}/ws/v1/produce/{NS}/{topic}/1"
+            refused_before = await _protocol_errors(broker.url, "wrong_producer")
             code, reason, received = await attack(url)
 
             later = [await (await victim.send_entry([Message(f"v{i}".encode())])) for i in (1, 2)]
@@ -260,6 +274,7 @@ def test_a_connection_cannot_write_under_another_producers_name(broker: BrokerPr
                 values.extend(m.value for m in entry.messages())
             assert values == [b"v0", b"v1", b"v2", b"v3"]
             await consumer.close()
+            assert await _protocol_errors(broker.url, "wrong_producer") == refused_before + 1
 
     asyncio.run(run())
 
