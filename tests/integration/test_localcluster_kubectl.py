@@ -320,6 +320,35 @@ async def test_project_crds_apply(kubectl: Kubectl) -> None:
     assert {c["spec"]["group"] for c in crds} >= {"scalabletopics.io"}
 
 
+def _topic(name: str, **spec: object) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "scalabletopics.io/v1alpha1",
+            "kind": "ScalableTopic",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+    )
+
+
+async def test_project_crd_admission(kubectl: Kubectl) -> None:
+    """What the ScalableTopic CRD rejects, through kubectl: a name too long to be the label
+    value on its Segments."""
+    await kubectl("apply", "-f", str(REPO / "crds"))
+    await kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/scalabletopics.scalabletopics.io",
+        "--timeout=20s",
+    )
+    long_name = "t" * 64
+    bad = await kubectl("apply", "-f", "-", input=_topic(long_name), check=False)
+    assert bad.returncode != 0
+    assert f'The ScalableTopic "{long_name}" is invalid' in bad.stderr
+    assert "metadata.name: Too long: may not be more than 63 bytes" in bad.stderr
+    await kubectl("apply", "-f", "-", input=_topic("t" * 63))
+
+
 async def test_follow_logs_and_watch_tables(local_cluster: LocalCluster, kubectl: Kubectl) -> None:
     log_path = await _pod_with_log(kubectl, local_cluster, "chatty", "first\n")
     store = local_cluster.store

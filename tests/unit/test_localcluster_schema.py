@@ -133,6 +133,38 @@ def test_unchanged_values_are_not_revalidated_on_update() -> None:
     assert set(_fields(edited, stored)) == {"spec.maxSegments"}, "a changed spec is checked in full"
 
 
+def test_metadata_name_restrictions_apply_on_create_and_ratchet_on_update() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "metadata": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 8},
+                    "generateName": {"type": "string", "pattern": "^[a-z]+-$"},
+                },
+            },
+            "spec": {"type": "object"},
+        },
+    }
+
+    def fields(obj: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, str]:
+        causes, _ = validate(obj, schema, old)
+        return {c.field: c.message for c in causes}
+
+    assert fields({"metadata": {"name": "x" * 8}, "spec": {}}) == {}
+    too_long = {"metadata": {"name": "x" * 9, "generateName": "Bad"}, "spec": {}}
+    assert fields(too_long) == {
+        "metadata.name": "Too long: may not be more than 8 bytes",
+        "metadata.generateName": (
+            "Invalid value: \"Bad\": metadata.generateName in body should match '^[a-z]+-$'"
+        ),
+    }
+    stored = {"metadata": {"name": "x" * 9}, "spec": {}}  # stored before the restriction
+    with_status = {"metadata": {"name": "x" * 9}, "spec": {}, "status": {"ready": False}}
+    assert fields(with_status, stored) == {}, "ratcheting: the unchanged name is not re-checked"
+
+
 def test_prune_reports_the_dropped_paths() -> None:
     dropped: list[str] = []
     obj = _obj(bogus=1, tags=["a"])

@@ -182,10 +182,29 @@ def validate(
     body = {k: v for k, v in obj.items() if k != "metadata"}
     old_body = None if old is None else {k: v for k, v in old.items() if k != "metadata"}
     meta = obj.get("metadata") or {}
+    _walk_metadata(meta, None if old is None else old.get("metadata") or {}, schema, ctx)
     cel_root = dict(body)
-    cel_root["metadata"] = {k: meta[k] for k in ("name", "generateName") if k in meta}
+    cel_root["metadata"] = {k: meta[k] for k in _SCHEMA_METADATA if k in meta}
     _walk(body, schema, old_body, "", ctx, cel_self=cel_root, root=True)
     return ctx.causes, ctx.warnings
+
+
+_SCHEMA_METADATA = ("name", "generateName")
+"""The only metadata fields a CRD schema may restrict (structural schemas); the rest of
+``metadata`` is ObjectMeta and validated as such."""
+
+
+def _walk_metadata(meta: JSON, old_meta: JSON | None, schema: JSON, ctx: _Ctx) -> None:
+    """``metadata.name`` and ``metadata.generateName`` against the schema's restrictions (e.g.
+    ``maxLength`` on a name that also becomes a label value), as the apiextensions-apiserver
+    validates the whole object. On update an unchanged name is not checked again (ratcheting),
+    so an object stored before the restriction existed can still have its status written."""
+    props = ((schema.get("properties") or {}).get("metadata") or {}).get("properties") or {}
+    for key in _SCHEMA_METADATA:
+        sub = props.get(key)
+        if isinstance(sub, dict) and key in meta:
+            old_value = None if old_meta is None else old_meta.get(key)
+            _walk(meta[key], sub, old_value, f"metadata.{key}", ctx)
 
 
 def _walk(
