@@ -333,7 +333,7 @@ def _topic(name: str, **spec: object) -> str:
 
 async def test_project_crd_admission(kubectl: Kubectl) -> None:
     """What the ScalableTopic CRD rejects, through kubectl: a name too long to be the label
-    value on its Segments."""
+    value on its Segments, and initialSegments outside the topic's own min/maxSegments."""
     await kubectl("apply", "-f", str(REPO / "crds"))
     await kubectl(
         "wait",
@@ -347,6 +347,31 @@ async def test_project_crd_admission(kubectl: Kubectl) -> None:
     assert f'The ScalableTopic "{long_name}" is invalid' in bad.stderr
     assert "metadata.name: Too long: may not be more than 63 bytes" in bad.stderr
     await kubectl("apply", "-f", "-", input=_topic("t" * 63))
+
+    above = _topic("above", initialSegments=5, autoScale={"maxSegments": 3})
+    bad = await kubectl("apply", "-f", "-", input=above, check=False)
+    assert bad.returncode != 0
+    assert (
+        'The ScalableTopic "above" is invalid: <nil>: Invalid value: "object": '
+        "spec.initialSegments must be <= spec.autoScale.maxSegments" in bad.stderr
+    ), bad.stderr
+    below = _topic("below", initialSegments=2, autoScale={"minSegments": 4})
+    bad = await kubectl("apply", "-f", "-", input=below, check=False)
+    assert bad.returncode != 0
+    assert "spec.initialSegments must be >= spec.autoScale.minSegments" in bad.stderr
+    # Bounds the topic does not set come from its namespace: the operator decides.
+    await kubectl("apply", "-f", "-", input=_topic("above", initialSegments=5))
+    # Once the topic has a status (the operator saw it), maxSegments may go below it.
+    await kubectl(
+        "patch",
+        "stopic",
+        "above",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        '{"status": {"activeSegments": 5}}',
+    )
+    await kubectl("apply", "-f", "-", input=above)
 
 
 async def test_follow_logs_and_watch_tables(local_cluster: LocalCluster, kubectl: Kubectl) -> None:

@@ -24,6 +24,7 @@ from scalable_topics.core import resources as r
 from scalable_topics.core.assignment import SubscriptionCoordinator
 from scalable_topics.core.layout import HashRange, SegmentLayout
 from scalable_topics.core.operation import Phase, plan_merge, plan_split
+from scalable_topics.localcluster import schema as localschema
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "crds"
@@ -562,6 +563,8 @@ def test_cel_rules_where_they_belong() -> None:
         path == ".spec.autoScale" and "self.maxSegments >= self.minSegments" in rule
         for path, rule in where
     )
+    root = [rule for path, rule in where if path == ""]
+    assert len(root) == 2 and all(rule.startswith("has(self.status) || ") for rule in root)
     segment_rules = {(path, rule["rule"]) for path, _, rule in _rules(SEGMENT_CRD)}
     assert segment_rules == {
         (".spec", "self == oldSelf"),
@@ -628,7 +631,7 @@ ADMISSION_CASES: list[tuple[dict[str, Any], bool, bool]] = [
     ({"retention": {"time": " 5m"}}, True, True),
     ({"autoScale": {"splitCooldown": "1.5h", "mergeCooldown": "2h30m15s"}}, False, False),
     ({"autoScale": {"maxSegments": 2, "minSegments": 3}}, True, True),
-    ({"autoScale": {"maxSegments": 3, "minSegments": 3}}, False, False),
+    ({"initialSegments": 3, "autoScale": {"maxSegments": 3, "minSegments": 3}}, False, False),
     ({"autoScale": {"splitMsgRateInThreshold": 100, "mergeMsgRateInThreshold": 100}}, True, True),
     (
         {"autoScale": {"splitMsgRateOutThreshold": 100.5, "mergeMsgRateOutThreshold": 100}},
@@ -678,6 +681,86 @@ def test_topic_name_is_limited_at_admission() -> None:
     assert admit(TOPIC_CRD, {**topic(), "metadata": {"name": "x" * 64}}) == [
         ".metadata.name: longer than 63"
     ]
+
+
+_MAX_RULE = (
+    ": spec.initialSegments must be <= spec.autoScale.maxSegments: the topic would start above "
+    "its own maxSegments"
+)
+_MIN_RULE = (
+    ": spec.initialSegments must be >= spec.autoScale.minSegments: the topic would start below "
+    "its own minSegments"
+)
+
+# (whole object, admission error, rejected by parse_topic): initialSegments against the topic's
+# own bounds, decided at the root while the topic has no status (the operator has not seen it).
+ROOT_CASES: list[tuple[dict[str, Any], str | None, bool]] = [
+    (topic({"initialSegments": 5, "autoScale": {"maxSegments": 3}}), _MAX_RULE, True),
+    (topic({"initialSegments": 3, "autoScale": {"maxSegments": 3, "minSegments": 3}}), None, False),
+    (topic({"initialSegments": 2, "autoScale": {"minSegments": 4}}), _MIN_RULE, True),
+    # unset bounds come from the namespace or the defaults: the operator decides (InvalidSpec)
+    (topic({"initialSegments": 100}), None, False),
+    (topic({"initialSegments": 100, "autoScale": {"minSegments": 2}}), None, False),
+    (topic({"autoScale": {"minSegments": 2}}), _MIN_RULE, True),  # initialSegments defaults to 1
+    # the operator has seen it: the layout exists, initialSegments is history
+    (topic({"initialSegments": 5, "autoScale": {"maxSegments": 3}}, status={}), None, False),
+]
+
+
+@pytest.mark.parametrize(("obj", "error", "model_rejects"), ROOT_CASES)
+def test_initial_segments_within_the_topics_own_bounds(
+    obj: dict[str, Any], error: str | None, model_rejects: bool
+) -> None:
+    assert admit(TOPIC_CRD, obj) == ([] if error is None else [error])
+    try:
+        r.parse_topic(obj)
+        rejected = False
+    except r.ResourceValidationError:
+        rejected = True
+    assert rejected is model_rejects
+
+
+def _embedded(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
+    """The embedded API server's validation (localcluster.schema, CEL by cel-python) of an
+    object as the server sees it: defaulted, status dropped on create."""
+    schema = schema_of(TOPIC_CRD)
+    body = localschema.apply_defaults(copy.deepcopy(obj), schema)
+    causes, warnings = localschema.validate(body, schema, old)
+    assert warnings == []
+    return [f"{c.field}: {c.message}" for c in causes]
+
+
+def test_embedded_api_server_evaluates_the_root_rules() -> None:
+    assert _embedded(topic({"initialSegments": 5, "autoScale": {"maxSegments": 3}})) == [
+        '<nil>: Invalid value: "object"' + _MAX_RULE
+    ]
+    assert _embedded(topic({"initialSegments": 2, "autoScale": {"minSegments": 4}})) == [
+        '<nil>: Invalid value: "object"' + _MIN_RULE
+    ]
+    assert _embedded(topic({"initialSegments": 5, "autoScale": {"minSegments": 5}})) == []
+    assert _embedded({**topic(), "metadata": {"name": "x" * 64}}) == [
+        "metadata.name: Too long: may not be more than 63 bytes"
+    ]
+    assert _embedded({**topic(), "metadata": {"name": "x" * 63}}) == []
+    # Once the operator wrote a status, lowering maxSegments below initialSegments is allowed,
+    # and a status write for a topic stored before the rules (or the name limit) passes.
+    seen = localschema.apply_defaults(
+        topic({"initialSegments": 5}, status={}), schema_of(TOPIC_CRD)
+    )
+    lowered = topic({"initialSegments": 5, "autoScale": {"maxSegments": 3}}, status={})
+    assert _embedded(lowered, old=seen) == []
+    unseen = localschema.apply_defaults(topic({"initialSegments": 5}), schema_of(TOPIC_CRD))
+    assert _embedded(topic({"initialSegments": 5, "autoScale": {"maxSegments": 3}}), unseen) == [
+        '<nil>: Invalid value: "object"' + _MAX_RULE
+    ]
+    stored = {
+        **topic({"initialSegments": 5, "autoScale": {"maxSegments": 3}}),
+        "metadata": {"name": "x" * 64},
+    }
+    status_write = {**stored, "status": {"conditions": []}}
+    assert (
+        _embedded(status_write, old=localschema.apply_defaults(stored, schema_of(TOPIC_CRD))) == []
+    )
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ Pure: builds dicts and YAML text; writing files is ``scalable_topics.cli.crdgen`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -71,7 +71,7 @@ def _clean_description(text: str) -> str:
     return " ".join(text.replace("``", "").split())
 
 
-def _rules(rules: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _rules(rules: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     order = ("rule", "message", "messageExpression", "reason", "fieldPath", "optionalOldSelf")
     return [{key: rule[key] for key in order if key in rule} for rule in rules]
 
@@ -271,6 +271,8 @@ def topic_crd() -> dict[str, Any]:
         "type": "object",
         "properties": {
             "name": {
+                "description": f"At most {r.MAX_TOPIC_NAME} characters: the name is the value "
+                f"of the {r.LABEL_TOPIC} label on the topic's Segments.",
                 "type": "string",
                 "maxLength": r.MAX_TOPIC_NAME,
             }
@@ -283,6 +285,8 @@ def topic_crd() -> dict[str, Any]:
         status,
         metadata,
     )
+    # Rules that read more than the spec (metadata.name, status) live at the root.
+    schema["x-kubernetes-validations"] = _rules(r.TOPIC_RULES)
     columns = [
         _column("Active", "integer", ".status.activeSegments", "Active segments."),
         _column("Epoch", "integer", ".status.epoch", "Layout epoch."),

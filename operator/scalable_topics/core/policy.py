@@ -157,6 +157,16 @@ def _explicit_fields(source: PolicySource) -> dict[str, Any]:
     return fields
 
 
+def knob_source(name: str, topic: PolicySource, namespace: PolicySource) -> str:
+    """Which level :func:`resolve` takes knob ``name`` (snake_case) from: ``"topic"``,
+    ``"namespace"`` or ``"default"``."""
+    if name in _explicit_fields(topic):
+        return "topic"
+    if name in _explicit_fields(namespace):
+        return "namespace"
+    return "default"
+
+
 def resolve(
     topic: PolicySource, namespace: PolicySource, defaults: AutoScalePolicy = DEFAULT_POLICY
 ) -> AutoScalePolicy:

@@ -528,7 +528,7 @@ def _run_cel(value: Any, schema: JSON, old: Any, path: str, ctx: _Ctx) -> None:
         activation: dict[str, Any] = {"self": value}
         if transition:
             activation["oldSelf"] = old
-        field = path
+        field = path or "<nil>"  # a root rule: the apiserver prints the nil field path so
         fp = rule_spec.get("fieldPath")
         if fp:
             field = (path + fp) if fp.startswith((".", "[")) and path else fp.lstrip(".")
