@@ -13,7 +13,7 @@ import pytest
 from scalable_topics.core import wire
 from scalable_topics.core.wire import Message
 from segment_broker.storage.cursor import SubscriptionType
-from segment_broker.storage.log import RECORD_HEADER
+from segment_broker.storage.log import CLEAN_SHUTDOWN, RECORD_HEADER
 from segment_broker.storage.segment import (
     Retention,
     Segment,
@@ -118,6 +118,9 @@ async def test_torn_tail_is_truncated_to_the_last_intact_record(
         await _append(seg, "p", i)
     await _durable(seg, 9)
     await seg.close()
+    # A crash, not a clean close: after a clean shutdown no tail can be torn (and the same
+    # damage is corruption, see test_broker_corruption.py).
+    (path / CLEAN_SHUTDOWN).unlink()
     log_file = seg.log.files[-1].path
     intact = log_file.read_bytes()
     entry, _ = _entry("p", 10)

@@ -121,6 +121,26 @@ class Cursor:
         self._touch()
         return True
 
+    def truncate(self, position: int) -> bool:
+        """Forget every acknowledgement at or above ``position`` (the log was cut there and
+        those positions will hold new entries); True when something changed."""
+        changed = False
+        if self.ack_floor > position:
+            self.ack_floor = position
+            changed = True
+        while self.ends and self.ends[-1] > position:
+            if self.starts[-1] >= position:
+                self.acked_above -= self.ends[-1] - self.starts[-1]
+                del self.starts[-1]
+                del self.ends[-1]
+            else:
+                self.acked_above -= self.ends[-1] - position
+                self.ends[-1] = position
+            changed = True
+        if changed:
+            self._touch()
+        return changed
+
     def _advance_floor(self) -> None:
         if self.starts and self.starts[0] == self.ack_floor:
             self.acked_above -= self.ends[0] - self.starts[0]

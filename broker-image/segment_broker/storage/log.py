@@ -18,9 +18,22 @@ position covered by a completed ``fdatasync``; with ``fsync=always`` nothing abo
 acknowledged. Rolling to a new file happens in the writer between two chunks: the old file is
 synced, the new one created and its directory entry synced before anything is written to it.
 
-Recovery scans the last file record by record and truncates it at the first record that is
-short, fails its checksum or has an unexpected position (a torn tail after a crash). Nothing that
-was acknowledged can be lost that way: an acknowledgement is only sent after its sync returned.
+Recovery verifies every file. A rolled file whose index carries the checksum of the whole file
+(written when it was rolled) is verified by that one checksum; otherwise, and always for the last
+file, every record is checked: its checksum, a sane header and the next position. A *torn tail*
+is a damaged record in the last file with no intact record anywhere after it (bytes of a write
+that a crash cut short), after an unclean shutdown: it is truncated, logged with its byte count
+and counted. A clean close leaves a marker (``clean-shutdown.json``: the last file and its size)
+that recovery consumes; after a clean shutdown no tail can be torn, so any damage is corruption.
+Anything else is *corruption*: a damaged record with an intact record after it, any damage in a
+rolled file, a file that does not start where the previous one ends, or a last file shorter than
+at the clean shutdown. Corruption is never truncated: the
+log keeps its bytes as they are, serves the positions before the first damaged record, and
+reports a :class:`Corruption` (the segment refuses appends until an operator truncates it
+explicitly with :meth:`SegmentLog.truncate_blocking`, acknowledging the loss). A damaged record
+found later by a read is reported the same way. Nothing that was acknowledged can be cut off as
+a torn tail: an acknowledgement is only sent after its sync returned, and a synced record is
+followed by nothing or by intact records.
 """
 
 from __future__ import annotations
@@ -36,16 +49,22 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import crc32c
 
-from .fsutil import fsync_dir
+from .fsutil import atomic_write_json, fsync_dir, read_json
 
 log = logging.getLogger(__name__)
 
 RECORD_HEADER = struct.Struct("<IIq")
 RECORD_HEADER_SIZE = RECORD_HEADER.size
 INDEX_ITEM = struct.Struct("<qQ")
+INDEX_HEADER = struct.Struct("<8sqQII")
+"""``magic, next position, file size, crc32c of the whole file, reserved``: a rolled file's
+index carries its checksum, so recovery verifies the file with one pass of crc32c."""
+INDEX_MAGIC = b"STIDX\x02\x00\x00"
+CLEAN_SHUTDOWN = "clean-shutdown.json"
 MAX_RECORD = 64 * 1024 * 1024
 _LOG_NAME = re.compile(r"^log-(\d{20})\.log$")
 _READ_CHUNK = 64 * 1024
@@ -54,6 +73,8 @@ _WRITE_SLICE = 2 * 1024 * 1024
 """Bytes per ``writev``: the writer publishes progress at least this often, so the syncer can
 start on the first part of a large backlog while the rest is still being written."""
 _IOV_MAX = 1024
+_VERIFY_CHUNK = 8 * 1024 * 1024
+_NONZERO = re.compile(b"[^\x00]")
 
 fdatasync: Callable[[int], None] = os.fdatasync
 """The sync primitive of the log (module-level so that tests can observe every sync)."""
@@ -75,6 +96,8 @@ class LogFile:
     next_position: int = 0
     index_positions: list[int] = field(default_factory=list)
     index_offsets: list[int] = field(default_factory=list)
+    crc: int = 0
+    """crc32c of the file's first ``size`` bytes (kept up to date as chunks are added)."""
 
     @property
     def last_position(self) -> int:
@@ -84,10 +107,36 @@ class LogFile:
         self.index_positions.append(position)
         self.index_offsets.append(offset)
 
-    def seek_hint(self, position: int) -> int:
-        """File offset of the last indexed record at or before ``position``."""
+    def seek_hint(self, position: int) -> tuple[int, int]:
+        """``(position, file offset)`` of the last indexed record at or before ``position``."""
         i = bisect.bisect_right(self.index_positions, position) - 1
-        return self.index_offsets[i] if i >= 0 else 0
+        if i < 0:
+            return self.base, 0
+        return self.index_positions[i], self.index_offsets[i]
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """Where a segment's log is damaged: ``position`` is the first position that cannot be
+    served (the damaged record's), at byte ``offset`` of ``file``. ``source`` says who found it:
+    ``recovery`` or ``read``."""
+
+    position: int
+    file: str
+    offset: int
+    reason: str
+    source: str
+    detected_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "file": self.file,
+            "offset": self.offset,
+            "reason": self.reason,
+            "source": self.source,
+            "detectedAt": self.detected_at,
+        }
 
 
 @dataclass(frozen=True)
@@ -95,10 +144,17 @@ class RecoveryReport:
     next_position: int
     truncated_bytes: int
     truncated_file: str | None
+    corruption: Corruption | None = None
+    verified_bytes: int = 0
 
 
-class CorruptLogError(RuntimeError):
-    """A non-final log file is damaged: data that may have been acknowledged is unreadable."""
+@dataclass(frozen=True)
+class TruncateReport:
+    """What an explicit truncation removed."""
+
+    position: int
+    dropped_bytes: int
+    dropped_files: list[str]
 
 
 def scan_records(data: bytes | memoryview, start_offset: int = 0) -> Iterator[tuple[int, int, int]]:
@@ -119,6 +175,72 @@ def scan_records(data: bytes | memoryview, start_offset: int = 0) -> Iterator[tu
             return
         yield pos, off, length
         off = end
+
+
+def describe_damage(data: bytes | memoryview, off: int, expected: int) -> str:
+    """Why the record at ``off`` (which should hold position ``expected``) is not intact."""
+    size = len(data)
+    if off + RECORD_HEADER_SIZE > size:
+        return f"the file ends inside a record header ({size - off} of {RECORD_HEADER_SIZE} bytes)"
+    length, crc, pos = RECORD_HEADER.unpack_from(data, off)
+    if length > MAX_RECORD:
+        return f"record header with an impossible length {length}"
+    if off + RECORD_HEADER_SIZE + length > size:
+        return f"the file ends inside a record of {length} bytes"
+    body = memoryview(data)[off + RECORD_HEADER_SIZE : off + RECORD_HEADER_SIZE + length]
+    if crc32c.crc32c(body) != crc:
+        return "checksum mismatch"
+    return f"record holds position {pos}, expected {expected}"
+
+
+def _intact_at(data: bytes | memoryview, off: int, low: int, high: int) -> bool:
+    length, crc, pos = RECORD_HEADER.unpack_from(data, off)
+    end = off + RECORD_HEADER_SIZE + length
+    if not (0 < length <= MAX_RECORD and end <= len(data) and low <= pos <= high):
+        return False
+    actual: int = crc32c.crc32c(memoryview(data)[off + RECORD_HEADER_SIZE : end])
+    return bool(actual == crc)
+
+
+def find_intact_record(data: bytes, start: int, expected: int) -> int | None:
+    """Offset of the first intact record that starts after ``start`` (the damaged record, which
+    should hold position ``expected``), or None: is the damage a torn tail or corruption?
+
+    Intact means: a non-empty entry that ends inside the file, whose checksum matches, and whose
+    position could follow ``expected`` (between ``expected`` and one per record header that
+    fits in the rest of the file). Every byte offset is a candidate (a damaged length hides where
+    the next record starts); candidates are found in C (``bytes.find`` of the position's high
+    bytes, runs of zero bytes skipped as a whole) so a tail of megabytes costs milliseconds.
+    """
+    size = len(data)
+    high = expected + max(0, size - start) // (RECORD_HEADER_SIZE + 1) + 1
+    found: int | None = None
+    # Bytes 3..7 of the little-endian position (bytes 11..15 of the header) are the same for
+    # every position within one 2**24 block; at most a few blocks can hold a plausible one.
+    for block in range(expected >> 24, (high >> 24) + 1):
+        pattern = struct.pack("<q", block << 24)[3:]
+        stop = size if found is None else found
+        at = start + 1 + 11
+        while True:
+            hit = data.find(pattern, at, stop + 16)
+            if hit < 0:
+                break
+            off = hit - 11
+            if off + RECORD_HEADER_SIZE > size or off >= stop:
+                break
+            if _intact_at(data, off, expected, high):
+                found = off
+                break
+            if data[off : off + 4] == b"\x00\x00\x00\x00":
+                # An empty length is never a record: jump to the next non-zero byte (the next
+                # candidate's length field must hold one).
+                nz = _NONZERO.search(data, off + 4)
+                if nz is None:
+                    break
+                at = max(hit + 1, nz.start() - 3 + 11)
+            else:
+                at = hit + 1
+    return found
 
 
 class SegmentLog:
@@ -142,59 +264,131 @@ class SegmentLog:
         self.written_position = -1
         self.durable_position = -1
         self.first_position = 0
+        self.corruption: Corruption | None = None
+        """Set at recovery or by a read that met a damaged record: positions from
+        ``corruption.position`` on are not served and nothing may be appended."""
 
     # --- opening / recovery --------------------------------------------------------------------
 
     def open(self) -> RecoveryReport:
-        """Load the file list, rebuild indexes, truncate a torn tail of the last file."""
+        """Load and verify the files, rebuild missing indexes, truncate a torn tail of the last
+        file; stop at corruption, leaving every byte as it is (see the module docstring)."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        clean = self._take_clean_marker()
         bases = sorted(
             int(m.group(1)) for p in self.directory.iterdir() if (m := _LOG_NAME.match(p.name))
         )
         truncated = 0
         truncated_file: str | None = None
+        corruption: Corruption | None = None
+        verified = 0
         expected: int | None = None
+        now = time.time()
         for i, base in enumerate(bases):
             path = self.directory / log_name(base)
-            lf = LogFile(base=base, path=path)
             last = i == len(bases) - 1
             if expected is not None and base != expected:
-                raise CorruptLogError(f"{path}: starts at {base}, previous file ends at {expected}")
-            if not last and self._load_index(lf):
-                pass
-            else:
-                data = path.read_bytes()
-                good = self._scan_into(lf, data)
-                if good != len(data):
-                    if not last:
-                        raise CorruptLogError(
-                            f"{path}: damaged record at offset {good} in a non-final log file"
-                        )
-                    truncated = len(data) - good
-                    truncated_file = path.name
-                    log.warning(
-                        "torn tail in %s: truncating %d bytes at offset %d (position %d)",
-                        path,
-                        truncated,
-                        good,
-                        lf.next_position,
+                corruption = Corruption(
+                    expected,
+                    path.name,
+                    0,
+                    f"the file starts at position {base}, the previous one ends before {expected}",
+                    "recovery",
+                    now,
+                )
+                break
+            lf = LogFile(base=base, path=path)
+            if not last and self._verified_by_index(lf):
+                verified += lf.size
+                expected = lf.next_position
+                self.files.append(lf)
+                self._bases.append(base)
+                continue
+            data = path.read_bytes()
+            verified += len(data)
+            good = self._scan_into(lf, data)
+            lf.size = good
+            lf.crc = crc32c.crc32c(memoryview(data)[:good])
+            reason: str | None = None
+            if good != len(data):
+                if not last:
+                    reason = describe_damage(data, good, lf.next_position) + " in a rolled file"
+                elif clean is not None:
+                    reason = describe_damage(data, good, lf.next_position) + (
+                        " after a clean shutdown"
                     )
-                    with open(path, "r+b") as fh:
-                        fh.truncate(good)
-                        fh.flush()
-                        os.fsync(fh.fileno())
-                lf.size = good
+                elif find_intact_record(data, good, lf.next_position) is not None:
+                    reason = describe_damage(data, good, lf.next_position) + (
+                        "; intact records follow it"
+                    )
+            elif (
+                last
+                and clean is not None
+                and clean.get("file") == path.name
+                and len(data) < int(clean.get("size", 0))
+            ):
+                reason = f"the file is {len(data)} bytes, {clean['size']} at the clean shutdown"
+            if reason is not None:
+                corruption = Corruption(lf.next_position, path.name, good, reason, "recovery", now)
+                self.files.append(lf)
+                self._bases.append(base)
+                break
+            if good != len(data):
+                truncated = len(data) - good
+                truncated_file = path.name
+                log.warning(
+                    "torn tail in %s: truncating %d bytes at offset %d (position %d); nothing "
+                    "intact follows",
+                    path,
+                    truncated,
+                    good,
+                    lf.next_position,
+                )
+                with open(path, "r+b") as fh:
+                    fh.truncate(good)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            elif not last:
+                # Its index was missing, from an older version or did not match the file.
+                self._write_index(lf)
             expected = lf.next_position
             self.files.append(lf)
             self._bases.append(base)
+        if corruption is None and clean is not None and bases:
+            missing = _LOG_NAME.match(str(clean.get("file", "")))
+            if missing is not None and int(missing.group(1)) > bases[-1]:
+                corruption = Corruption(
+                    self.files[-1].next_position,
+                    str(clean["file"]),
+                    0,
+                    "the file was there at the clean shutdown and is missing",
+                    "recovery",
+                    now,
+                )
         if not self.files:
             self._new_file(0)
         else:
             self._open_fd(self.files[-1])
+        self.corruption = corruption
         self.next_position = self.files[-1].next_position
         self.written_position = self.durable_position = self.next_position - 1
         self.first_position = self.files[0].base
-        return RecoveryReport(self.next_position, truncated, truncated_file)
+        return RecoveryReport(self.next_position, truncated, truncated_file, corruption, verified)
+
+    def _take_clean_marker(self) -> dict[str, Any] | None:
+        """Read and remove the clean-shutdown marker (durably: a crash from now on must find
+        none, so a torn tail is recognised as such)."""
+        path = self.directory / CLEAN_SHUTDOWN
+        try:
+            body = read_json(path)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning("%s: unreadable clean-shutdown marker (%s); taken as unclean", path, exc)
+            body = None
+        path.unlink(missing_ok=True)
+        fsync_dir(self.directory)
+        return body if isinstance(body, dict) else None
 
     def _scan_into(self, lf: LogFile, data: bytes) -> int:
         expected = lf.base
@@ -211,27 +405,36 @@ class SegmentLog:
         lf.next_position = expected
         return good
 
-    def _load_index(self, lf: LogFile) -> bool:
-        """Use a rolled file's persisted index; False when it is missing or implausible."""
+    def _verified_by_index(self, lf: LogFile) -> bool:
+        """A rolled file whose index names its size and checksum, and whose bytes match both:
+        verified with one crc32c pass, no record parsing. False otherwise (nothing loaded)."""
         idx_path = self.directory / index_name(lf.base)
         try:
             raw = idx_path.read_bytes()
-            size = lf.path.stat().st_size
         except FileNotFoundError:
             return False
-        if len(raw) < 16 or (len(raw) - 16) % INDEX_ITEM.size:
+        if len(raw) < INDEX_HEADER.size or (len(raw) - INDEX_HEADER.size) % INDEX_ITEM.size:
             return False
-        next_position, file_size = struct.unpack_from("<qQ", raw, 0)
-        if file_size != size or next_position < lf.base:
+        magic, next_position, size, crc, _ = INDEX_HEADER.unpack_from(raw, 0)
+        if magic != INDEX_MAGIC or next_position < lf.base:
             return False
-        for pos, off in INDEX_ITEM.iter_unpack(memoryview(raw)[16:]):
+        actual = 0
+        actual_size = 0
+        with open(lf.path, "rb", buffering=0) as fh:
+            while chunk := fh.read(_VERIFY_CHUNK):
+                actual = crc32c.crc32c(chunk, actual)
+                actual_size += len(chunk)
+        if actual_size != size or actual != crc:
+            return False
+        for pos, off in INDEX_ITEM.iter_unpack(memoryview(raw)[INDEX_HEADER.size :]):
             lf.add_index(pos, off)
         lf.next_position = next_position
         lf.size = size
+        lf.crc = crc
         return True
 
     def _write_index(self, lf: LogFile) -> None:
-        parts = [struct.pack("<qQ", lf.next_position, lf.size)]
+        parts = [INDEX_HEADER.pack(INDEX_MAGIC, lf.next_position, lf.size, lf.crc, 0)]
         parts.extend(
             INDEX_ITEM.pack(p, o) for p, o in zip(lf.index_positions, lf.index_offsets, strict=True)
         )
@@ -299,6 +502,7 @@ class SegmentLog:
         for pos, off in index:
             lf.add_index(pos, base_off + off)
         lf.size += len(data)
+        lf.crc = crc32c.crc32c(data, lf.crc)
         lf.next_position = last + 1
         if lf.size < self.roll_bytes:
             return data, last, None
@@ -349,50 +553,118 @@ class SegmentLog:
         return lf if position < lf.next_position else None
 
     def read(self, position: int, max_entries: int, max_bytes: int) -> list[tuple[int, bytes]]:
-        """Written entries from ``position`` on (at least one if any), from one file."""
+        """Written entries from ``position`` on (at least one if any), from one file.
+
+        Damaged data is never handed out: a record that fails its checksum, has an impossible
+        header or an unexpected position, or a file that ends before a written position, stops
+        the read there and sets :attr:`corruption` (the entries before it are returned).
+        """
         lf = self.file_for(position)
         if lf is None or position > self.written_position:
             return []
-        start = lf.seek_hint(position)
+        expect, start = lf.seek_hint(position)
         out: list[tuple[int, bytes]] = []
         total = 0
         limit = min(position + max_entries, self.written_position + 1)
+        needed = min(limit, lf.next_position)
         with open(lf.path, "rb") as fh:
             fh.seek(start)
             data = fh.read(min(max(_READ_CHUNK, max_bytes + RECORD_HEADER_SIZE * 2), _READ_MAX))
+            base = start
             off = 0
-            while True:
+            while expect < needed:
                 if off + RECORD_HEADER_SIZE > len(data):
                     more = fh.read(_READ_CHUNK)
                     if not more:
+                        self._damaged(lf, expect, base + off, "the file ends before this position")
                         break
                     data = data[off:] + more
+                    base += off
                     off = 0
                     continue
                 length, crc, pos = RECORD_HEADER.unpack_from(data, off)
                 if length > MAX_RECORD:
-                    log.error("%s: corrupt record header at offset %d", lf.path, off)
+                    self._damaged(
+                        lf, expect, base + off, f"record header with an impossible length {length}"
+                    )
                     break
                 end = off + RECORD_HEADER_SIZE + length
                 if end > len(data):
                     more = fh.read(max(_READ_CHUNK, end - len(data)))
                     if not more:
+                        reason = f"the file ends inside a record of {length} bytes"
+                        self._damaged(lf, expect, base + off, reason)
                         break
                     data = data[off:] + more
+                    base += off
                     off = 0
                     continue
+                if pos != expect:
+                    self._damaged(
+                        lf, expect, base + off, f"record holds position {pos}, expected {expect}"
+                    )
+                    break
                 if pos >= position:
-                    if pos >= limit or (out and total + length > max_bytes):
+                    if out and total + length > max_bytes:
                         break
                     entry = data[off + RECORD_HEADER_SIZE : end]
                     if crc32c.crc32c(entry) != crc:
-                        # Never hand out damaged data: readers stop here and it is logged.
-                        log.error("%s: checksum mismatch at position %d", lf.path, pos)
+                        self._damaged(lf, expect, base + off, "checksum mismatch")
                         break
                     out.append((pos, entry))
                     total += length
+                expect += 1
                 off = end
         return out
+
+    def _damaged(self, lf: LogFile, position: int, offset: int, reason: str) -> None:
+        """A read met damage: remember the lowest damaged position (the owner quarantines)."""
+        log.error(
+            "%s: damaged record at offset %d (position %d): %s",
+            lf.path,
+            offset,
+            position,
+            reason,
+            extra={"event": "log_damaged", "position": position, "offset": offset},
+        )
+        if self.corruption is None or position < self.corruption.position:
+            self.corruption = Corruption(
+                position, lf.path.name, offset, reason, "read", time.time()
+            )
+
+    def truncate_blocking(self, position: int) -> TruncateReport:
+        """Cut a corrupted log at ``position``, the first damaged one: the file holding it is
+        truncated at that record (or removed when the damage is that it starts at the wrong
+        position), every later log file and index is removed. Only for an operator who
+        acknowledged the loss; call it on a closed log, then open the segment again."""
+        corruption = self.corruption
+        if corruption is None or corruption.position != position:
+            raise ValueError(f"{self.directory}: not corrupted at position {position}")
+        names = sorted(p.name for p in self.directory.iterdir() if _LOG_NAME.match(p.name))
+        dropped: list[str] = []
+        dropped_bytes = 0
+        cut = False
+        for name in names:
+            path = self.directory / name
+            base = int(name[4:24])
+            if name == corruption.file and (corruption.offset > 0 or base == position):
+                size = path.stat().st_size
+                dropped_bytes += size - corruption.offset
+                with open(path, "r+b") as fh:
+                    fh.truncate(corruption.offset)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                (self.directory / index_name(base)).unlink(missing_ok=True)
+                cut = True
+            elif cut or name >= corruption.file:
+                dropped_bytes += path.stat().st_size
+                dropped.append(name)
+                path.unlink()
+                (self.directory / index_name(base)).unlink(missing_ok=True)
+                cut = True
+        (self.directory / CLEAN_SHUTDOWN).unlink(missing_ok=True)
+        fsync_dir(self.directory)
+        return TruncateReport(position, dropped_bytes, dropped)
 
     # --- retention / lifecycle -----------------------------------------------------------------
 
@@ -414,15 +686,26 @@ class SegmentLog:
         fsync_dir(self.directory)
 
     def close(self, *, sync: bool = True) -> None:
-        """Stop the writer (after it wrote and, with ``sync``, synced what it was given)."""
+        """Stop the writer (after it wrote and, with ``sync``, synced what it was given). With
+        ``sync`` (and no write error) the clean-shutdown marker names the last file and its
+        size: the next recovery then takes any damage for corruption, never for a torn tail."""
+        failed = False
         if self.writer is not None:
             self.writer.stop(final_sync=sync)
+            failed = self.writer.error is not None
             self.writer = None
         if self._fd is not None:
             if sync:
                 fdatasync(self._fd)
             os.close(self._fd)
             self._fd = None
+        if sync and not failed:
+            names = sorted(p.name for p in self.directory.iterdir() if _LOG_NAME.match(p.name))
+            if names:
+                size = (self.directory / names[-1]).stat().st_size
+                atomic_write_json(
+                    self.directory / CLEAN_SHUTDOWN, {"file": names[-1], "size": size}
+                )
 
     @property
     def total_bytes(self) -> int:

@@ -44,7 +44,15 @@ from scalable_topics.core.wire import ENTRY_HEADER_SIZE, EntryHeader
 
 from .cursor import Cursor, SubscriptionType
 from .fsutil import atomic_write_json, fsync_dir, read_json
-from .log import LogFile, LogWriter, RecoveryReport, SegmentLog, scan_records
+from .log import (
+    Corruption,
+    LogFile,
+    LogWriter,
+    RecoveryReport,
+    SegmentLog,
+    TruncateReport,
+    scan_records,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +81,19 @@ class SegmentNotWritableError(Exception):
 
 class SegmentGoneError(Exception):
     """The segment was deleted or the broker is shutting down."""
+
+
+class SegmentCorruptedError(Exception):
+    """The segment is quarantined: its log is damaged at ``corruption.position`` and it takes
+    no appends, seal or retention until an operator truncates it (``Segment.truncate``)."""
+
+    def __init__(self, name: str, corruption: Corruption) -> None:
+        super().__init__(
+            f"segment {name} is corrupted at position {corruption.position} "
+            f"({corruption.file} offset {corruption.offset}: {corruption.reason}); it is "
+            "quarantined until an operator truncates it"
+        )
+        self.corruption = corruption
 
 
 @dataclass(frozen=True)
@@ -242,6 +263,8 @@ class Segment:
         """Last position that producers have been acknowledged for and consumers may read."""
         self.listeners: set[DurableListener] = set()
         self.seal_listeners: set[Callable[[], None]] = set()
+        self.corruption_listeners: set[Callable[[Corruption], None]] = set()
+        """Called once when a read finds the log damaged (recovery's finding is in ``recovery``)."""
         self.on_fsync = on_fsync
         self.on_durable_entries = on_durable_entries
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -420,6 +443,8 @@ class Segment:
             return st.lookup(seq), True
         if self.seal is not None or self.sealing:
             raise SegmentSealedError(self.seal)
+        if self.log.corruption is not None:
+            raise SegmentCorruptedError(self.name, self.log.corruption)
         if not self.writable_event.is_set():
             raise SegmentNotWritableError(self.name)
         pos = self.log.stage(entry)
@@ -575,6 +600,10 @@ class Segment:
             return self.seal
         if self._terminating is not None:
             return await asyncio.shield(self._terminating)
+        if self.log.corruption is not None:
+            # A seal would end the segment before the damage and let consumers move on to the
+            # successors: the corrupted entries would be skipped without anyone deciding it.
+            raise SegmentCorruptedError(self.name, self.log.corruption)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[SealInfo] = loop.create_future()
         self._terminating = fut
@@ -619,12 +648,57 @@ class Segment:
         await asyncio.get_running_loop().run_in_executor(self.executor, unfence)
         self.writable_event.set()
 
+    async def truncate(self, position: int) -> TruncateReport:
+        """Lift the quarantine: cut the log at ``position``, its first damaged record, for an
+        operator who acknowledged losing every entry from there on. Closes the segment; the
+        caller opens it again (recovery then verifies what is left).
+
+        Cursors past ``position`` come back to it (those positions are written anew) and a
+        seal beyond it moves to ``position - 1``; both are written before the log is cut, so a
+        crash in between finds the segment still quarantined, never a cursor beyond its end.
+        """
+        corruption = self.log.corruption
+        if corruption is None or corruption.position != position:
+            raise ValueError(f"segment {self.name} is not corrupted at position {position}")
+        await self.close()
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, self._truncate_blocking, position
+        )
+
+    def _truncate_blocking(self, position: int) -> TruncateReport:
+        with self._cursor_io:
+            for cur in self.cursors.values():
+                if cur.truncate(position):
+                    atomic_write_json(self._cursor_path(cur.name), cur.to_json())
+        if self.seal is not None and self.seal.last_position >= position:
+            self.seal = SealInfo(position - 1, self.seal.successors, self.seal.sealed_at)
+            atomic_write_json(self.directory / "sealed.json", self.seal.to_json())
+        for path in self.directory.iterdir():
+            m = _DEDUP_NAME.match(path.name)
+            if m is not None and int(m.group(1)) > position:
+                path.unlink()
+        fsync_dir(self.directory)
+        return self.log.truncate_blocking(position)
+
     # --- reading -------------------------------------------------------------------------------
+
+    @property
+    def corruption(self) -> Corruption | None:
+        return self.log.corruption
+
+    @property
+    def servable_position(self) -> int:
+        """The last position a consumer can get: ``visible_position``, or the one before the
+        first damaged record of a quarantined segment."""
+        corruption = self.log.corruption
+        if corruption is None:
+            return self.visible_position
+        return min(self.visible_position, corruption.position - 1)
 
     def read(self, position: int, max_entries: int, max_bytes: int) -> list[tuple[int, Any]]:
         """Acknowledged entries from ``position`` on: from the memory cache when recent,
-        otherwise from the log files (page cache)."""
-        last = self.visible_position
+        otherwise from the log files (page cache). Never at or beyond a damaged record."""
+        last = self.servable_position
         if position > last:
             return []
         if position >= self._cache_base:
@@ -643,7 +717,15 @@ class Segment:
             return out
         if position < self.log.first_position:
             return []
-        return self.log.read(position, min(max_entries, self._cache_base - position), max_bytes)
+        known = self.log.corruption
+        got = self.log.read(
+            position, min(max_entries, self._cache_base - position, last + 1 - position), max_bytes
+        )
+        found = self.log.corruption
+        if found is not None and found is not known:
+            for cb in list(self.corruption_listeners):
+                cb(found)
+        return got
 
     def read_one(self, position: int) -> Any | None:
         got = self.read(position, 1, 1)
@@ -733,8 +815,9 @@ class Segment:
     # --- retention -----------------------------------------------------------------------------
 
     async def apply_retention(self) -> int:
-        """Delete whole rolled files below every cursor and outside the retention policy."""
-        if not self.cursors or len(self.log.files) < 2:
+        """Delete whole rolled files below every cursor and outside the retention policy
+        (never while the segment is quarantined: its data stays as it was found)."""
+        if not self.cursors or len(self.log.files) < 2 or self.log.corruption is not None:
             return 0
         floor = min(c.ack_floor for c in self.cursors.values())
         candidates = self.log.deletable_files(floor)
