@@ -34,6 +34,8 @@ from scalable_topics.core.hashing import bucket_hash
 from scalable_topics.core.wire import EntryHeader, Message
 
 __all__ = [
+    "CLOSE_TIMEOUT",
+    "WS_TIMEOUT",
     "AdminError",
     "ConnectionClosedError",
     "EntryAck",
@@ -49,6 +51,7 @@ __all__ = [
     "SegmentSealedError",
     "Successor",
     "UnackedEntry",
+    "close_websocket",
 ]
 
 
@@ -156,6 +159,24 @@ def _ws_base(url: str) -> str:
     if url.startswith("https://"):
         return "wss://" + url[8:]
     return url
+
+
+CLOSE_TIMEOUT = 0.5
+"""Seconds a closing WebSocket of the SDK waits for the peer's close frame before it drops the
+connection: a hung or unreachable peer cannot hold up a close (``docs/client.md``)."""
+
+WS_TIMEOUT = aiohttp.ClientWSTimeout(ws_close=CLOSE_TIMEOUT)
+"""``timeout=`` of every WebSocket the SDK opens."""
+
+
+async def close_websocket(ws: aiohttp.ClientWebSocketResponse) -> None:
+    """Close ``ws`` within about :data:`CLOSE_TIMEOUT`, whatever the peer does (writing the
+    close frame itself can block on a peer that stopped reading)."""
+    closing = asyncio.ensure_future(ws.close())
+    _, late = await asyncio.wait({closing}, timeout=CLOSE_TIMEOUT * 2)
+    for task in late:
+        task.cancel()
+    await asyncio.gather(closing, return_exceptions=True)
 
 
 class _Session:
@@ -279,6 +300,7 @@ class SegmentProducer:
                 max_msg_size=64 << 20,
                 compress=0,
                 autoping=True,
+                timeout=WS_TIMEOUT,
             )
             hello = await _handshake(ws, {"producerName": producer_name})
         except BaseException:
@@ -580,14 +602,16 @@ class SegmentProducer:
         assert self._failure is not None
         return self._failure
 
-    async def close(self) -> None:
-        """Flush, wait for the acks, close. Failed entries stay failed."""
+    async def close(self, *, flush: bool = True) -> None:
+        """Flush and wait for the acks (``flush=False``: at once), close. Failed entries stay
+        failed; with ``flush=False`` the unacknowledged ones fail with
+        :class:`ConnectionClosedError` (listed in its ``unacked``)."""
         if not self._closing:
             self._closing = True
-            if self._failure is None:
+            if self._failure is None and flush:
                 with contextlib.suppress(SegmentError):
                     await self.flush()
-            await self._ws.close()
+            await close_websocket(self._ws)
             try:
                 await _cancel_and_wait(self._reader)
             finally:
@@ -667,6 +691,7 @@ class SegmentConsumer:
                 f"{_ws_base(url)}/ws/v1/consume/{namespace}/{topic}/{segment_id}/{subscription}",
                 max_msg_size=128 << 20,
                 compress=0,
+                timeout=WS_TIMEOUT,
             )
             hello = await _handshake(
                 ws,
@@ -817,7 +842,7 @@ class SegmentConsumer:
         self._flush_acks()
         await asyncio.sleep(0)
         with contextlib.suppress(Exception):
-            await self._ws.close()
+            await close_websocket(self._ws)
         try:
             await _cancel_and_wait(self._reader)
         finally:
