@@ -5,6 +5,10 @@ The operator pushes the whole DAG on connect and on every change (latest wins). 
 (any replica serves DAG watches; redirects are followed), and never goes backwards: a message
 with a lower epoch than the one held is ignored, so a reconnect to a replica whose cache lags
 cannot undo what the client already knows.
+
+It is also how the producer and the consumers learn that their topic was deleted: the replica
+serving the watch closes it with ``UnknownTopic`` the moment its cache drops the topic, and the
+watcher gives up with :class:`TopicNotFoundError` (see :class:`DagWatcher` for the bound).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Callable
 
 import aiohttp
@@ -27,13 +32,34 @@ from scalable_topics.core.sessions import (
     parse_server_message,
 )
 
-__all__ = ["Backoff", "DagWatcher", "TopicNotFoundError", "http_url", "ws_url"]
+from .segment import WS_TIMEOUT
+
+__all__ = ["TOPIC_GONE_AFTER", "Backoff", "DagWatcher", "TopicNotFoundError", "http_url", "ws_url"]
 
 log = logging.getLogger("scalable_topics.client.dag")
 
 
+TOPIC_GONE_AFTER = 10.0
+"""Seconds a topic the watcher had must stay unknown across reconnects before the watcher gives
+up on it (a replica that never had the topic may only be lagging; one that drops it while
+serving the watch saw it deleted, and that ends the watch at once)."""
+
+
 class TopicNotFoundError(Exception):
-    """The operator does not know the topic (or it was deleted)."""
+    """The topic does not exist, or was deleted while in use (``deleted``).
+
+    The one error for it across the SDK: :meth:`DagWatcher.start` and the clients' ``start``
+    raise it for an unknown topic; once a topic in use is deleted, the producer's sends and the
+    consumers' ``receive`` raise it (a consumer's is a ``ConsumerError`` as well), with the
+    operator's message, e.g. ``topic default/orders was deleted``.
+    """
+
+    code = "UnknownTopic"
+
+    def __init__(self, message: str, *, deleted: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.deleted = deleted
 
 
 def ws_url(url: str) -> str:
@@ -75,6 +101,7 @@ class Backoff:
 
 
 Listener = Callable[[DagMessage], None]
+FailureListener = Callable[[TopicNotFoundError], None]
 
 
 class DagWatcher:
@@ -84,6 +111,14 @@ class DagWatcher:
     :class:`TopicNotFoundError`); afterwards :attr:`dag` is always the newest DAG and
     listeners added with :meth:`add_listener` are called (synchronously, on the event loop)
     with every newer one.
+
+    A topic deleted after that ends the watcher: :attr:`failure` becomes a
+    :class:`TopicNotFoundError` (``deleted=True``), the listeners added with
+    :meth:`add_failure_listener` are called with it once, and :meth:`wait_for` raises it. That
+    happens as soon as the replica serving the watch drops the topic (it closes the session with
+    ``UnknownTopic`` after having served it), or, when the session was down at that moment, once
+    the topic has been unknown on every reconnect for ``gone_after`` seconds
+    (:data:`TOPIC_GONE_AFTER`).
     """
 
     def __init__(
@@ -94,6 +129,7 @@ class DagWatcher:
         *,
         session: aiohttp.ClientSession | None = None,
         heartbeat: float = 20.0,
+        gone_after: float = TOPIC_GONE_AFTER,
     ) -> None:
         self.service_url = http_url(service_url)
         self.namespace = namespace
@@ -101,15 +137,20 @@ class DagWatcher:
         self._own_session = session is None
         self._session = session
         self._heartbeat = heartbeat
+        self.gone_after = gone_after
         self._dag: DagMessage | None = None
         self._listeners: list[Listener] = []
+        self._failure_listeners: list[FailureListener] = []
         self._changed = asyncio.Event()
         self._first = asyncio.Event()
-        self._fatal: BaseException | None = None
+        self._fatal: TopicNotFoundError | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.connected = False
         self.sessions_opened = 0
+        self.topic_unknown_since: float | None = None
+        """``time.monotonic()`` of the first of the current run of "unknown topic" answers on
+        reconnect (``None`` while the topic is served)."""
 
     @property
     def dag(self) -> DagMessage:
@@ -127,6 +168,20 @@ class DagWatcher:
     def remove_listener(self, listener: Listener) -> None:
         with contextlib.suppress(ValueError):
             self._listeners.remove(listener)
+
+    @property
+    def failure(self) -> TopicNotFoundError | None:
+        """Why the watcher gave up (the topic is unknown or was deleted); ``None`` while it
+        runs."""
+        return self._fatal
+
+    def add_failure_listener(self, listener: FailureListener) -> None:
+        """Call ``listener`` (on the event loop) when the watcher gives up on a topic it had
+        (deleted); at once if it already has."""
+        if self._fatal is not None and self._dag is not None:
+            listener(self._fatal)
+        else:
+            self._failure_listeners.append(listener)
 
     async def start(self, within: float = 30.0) -> DagMessage:
         if self._task is None:
@@ -153,7 +208,10 @@ class DagWatcher:
                 await self._changed.wait()
 
     async def wait_update(self, within: float | None = None) -> None:
-        """Wait for the next accepted message (a new epoch or new placement)."""
+        """Wait for the next accepted message (a new epoch or new placement), or until the
+        watcher gives up (see :attr:`failure`)."""
+        if self._fatal is not None:
+            return
         self._changed.clear()
         async with asyncio.timeout(within):
             await self._changed.wait()
@@ -179,9 +237,10 @@ class DagWatcher:
         url = ws_url(self.service_url) + dag_path(self.namespace, self.topic)
         assert self._session is not None
         while not self._closed:
+            served = False
             try:
                 async with self._session.ws_connect(
-                    url, heartbeat=self._heartbeat, max_msg_size=64 << 20
+                    url, heartbeat=self._heartbeat, max_msg_size=64 << 20, timeout=WS_TIMEOUT
                 ) as ws:
                     self.connected = True
                     self.sessions_opened += 1
@@ -190,6 +249,8 @@ class DagWatcher:
                             break
                         message = parse_server_message(frame.data)
                         if isinstance(message, DagMessage):
+                            served = True
+                            self.topic_unknown_since = None
                             self._accept(message)
                             backoff.reset()
                         elif (
@@ -197,17 +258,17 @@ class DagWatcher:
                             and message.fatal
                             and message.code == ErrorCode.UNKNOWN_TOPIC
                         ):
-                            raise TopicNotFoundError(message.message)
+                            raise TopicNotFoundError(message.message, deleted=served)
                     if ws.close_code == CloseCode.UNKNOWN_TOPIC:
-                        raise TopicNotFoundError(f"topic {self.namespace}/{self.topic} not found")
+                        raise TopicNotFoundError(
+                            f"topic {self.namespace}/{self.topic} "
+                            + ("was deleted" if served else "not found"),
+                            deleted=served,
+                        )
             except TopicNotFoundError as exc:
                 self.connected = False
-                if self._dag is None:
-                    self._fatal = exc
-                    self._first.set()
-                    self._changed.set()
+                if self._gone(exc):
                     return
-                log.warning("DAG watch: %s; retrying", exc)
             except (aiohttp.ClientError, OSError, SessionProtocolError, TimeoutError) as exc:
                 log.debug("DAG watch of %s/%s dropped: %s", self.namespace, self.topic, exc)
             finally:
@@ -215,6 +276,31 @@ class DagWatcher:
             if self._closed:
                 return
             await backoff.sleep()
+
+    def _gone(self, exc: TopicNotFoundError) -> bool:
+        """Give up on the topic if ``exc`` settles it (see the class docstring)."""
+        now = time.monotonic()
+        if self._dag is not None and not exc.deleted:
+            if self.topic_unknown_since is None:
+                self.topic_unknown_since = now
+            if now - self.topic_unknown_since < self.gone_after:
+                log.info("DAG watch: %s (a lagging replica?); retrying", exc)
+                return False
+            exc = TopicNotFoundError(
+                f"topic {self.namespace}/{self.topic} was deleted", deleted=True
+            )
+        self._fatal = exc
+        self._first.set()
+        self._changed.set()
+        if self._dag is not None:
+            log.warning("DAG watch of %s/%s: %s", self.namespace, self.topic, exc)
+            listeners, self._failure_listeners = self._failure_listeners, []
+            for listener in listeners:
+                try:
+                    listener(exc)
+                except Exception:
+                    log.exception("DAG failure listener failed")
+        return True
 
     async def close(self) -> None:
         self._closed = True
