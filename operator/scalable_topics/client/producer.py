@@ -14,7 +14,12 @@
   it already stored as duplicates;
 * on ``SEALED`` the unacknowledged messages, and everything queued behind them, are re-routed to
   the successors named in the frame, at once and in order (see :mod:`.routing` for why a key
-  can never overtake itself).
+  can never overtake itself);
+* when the topic is deleted (the DAG watcher gives up, :class:`~.dag.TopicNotFoundError`) every
+  pending and later send fails with that error, as the consumers' ``receive`` does;
+* ``close()`` waits only for acknowledgements that can still come (no reconnect, no DAG wait
+  once closing), and leaving on ``CancelledError``/``KeyboardInterrupt`` waits for none, so
+  Ctrl-C ends a program within about a second whatever state the connections are in.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from scalable_topics.core import wire
 from scalable_topics.core.hashing import key_hash
 from scalable_topics.core.sessions import DagMessage
 
-from .dag import Backoff, DagWatcher
+from .dag import Backoff, DagWatcher, TopicNotFoundError
 from .model import MessageId
 from .routing import RoutingTable, SuccessorInfo, plan_entries
 from .segment import (
@@ -57,6 +62,13 @@ log = logging.getLogger("scalable_topics.client.producer")
 
 class ProducerClosedError(Exception):
     """The producer was closed before the message was acknowledged."""
+
+
+def _fail_all(outs: list[_Out], error: Exception) -> None:
+    for out in outs:
+        if not out.future.done():
+            out.future.set_exception(error)
+            out.future.exception()  # retrieved: a caller that dropped the future is not warned
 
 
 class _Out:
@@ -124,15 +136,6 @@ class _Link:
         self.retired = False
         self.connects = 0
 
-    def messages_in_order(self) -> list[_Out]:
-        out: list[_Out] = []
-        for entry in self.inflight:
-            out.extend(entry.messages)
-        for entry in self.outbox:
-            out.extend(entry.messages)
-        out.extend(self.buffer)
-        return out
-
 
 class ScalableTopicProducer:
     """Produces to a scalable topic; use as ``async with`` or call :meth:`start`/:meth:`close`.
@@ -180,8 +183,11 @@ class ScalableTopicProducer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._round_robin = 0
+        self._closing = asyncio.Event()
+        """Set when close() begins: no new sends, no reconnects, no DAG waits."""
         self._closed = False
         self._started = False
+        self._failure: TopicNotFoundError | None = None
         self.resent_entries = 0
         """Entries sent again on a new connection after one was lost without a verdict."""
         self.connections = 0
@@ -202,14 +208,19 @@ class ScalableTopicProducer:
         dag = await self._watcher.start()
         self._table.update_dag(dag)
         self._watcher.add_listener(self._on_dag)
+        self._watcher.add_failure_listener(self._on_topic_gone)
         self._started = True
         return self
 
     async def __aenter__(self) -> ScalableTopicProducer:
         return await self.start()
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """Leaving normally (or on an application error) flushes as :meth:`close` does;
+        leaving on ``CancelledError``, ``KeyboardInterrupt`` or ``SystemExit`` (Ctrl-C) waits
+        for no acknowledgement."""
+        interrupted = exc_type is not None and not issubclass(exc_type, Exception)
+        await self.close(0.0 if interrupted else 30.0)
 
     @property
     def dag(self) -> DagMessage:
@@ -247,12 +258,14 @@ class ScalableTopicProducer:
         order of the ``send_async`` calls."""
         if not self._started:
             raise RuntimeError("the producer is not started (use 'async with' or start())")
-        while not self._space.is_set():
-            if self._closed:
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            if self._closing.is_set():
                 raise ProducerClosedError("producer closed")
+            if self._space.is_set():
+                break
             await self._space.wait()
-        if self._closed:
-            raise ProducerClosedError("producer closed")
         kb = key.encode("utf-8") if isinstance(key, str) else key
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         out = _Out(bytes(value), kb, timestamp_ms, properties, future)
@@ -299,7 +312,8 @@ class ScalableTopicProducer:
         link = _Link(segment_id)
         link.buckets = self._table.buckets(segment_id)
         self._links[segment_id] = link
-        link.task = asyncio.create_task(self._run_link(link), name=f"produce-{segment_id}")
+        if not self._closed:
+            link.task = asyncio.create_task(self._run_link(link), name=f"produce-{segment_id}")
         return link
 
     def _flush(self, link: _Link) -> None:
@@ -327,10 +341,17 @@ class ScalableTopicProducer:
     async def _run_link(self, link: _Link) -> None:
         backoff = Backoff(0.02, 2.0)
         assert self._session is not None
-        while not self._closed and not link.retired:
+        failed = False
+        """An attempt failed: while closing the link gives up instead of trying again."""
+        while not self._closed and not link.retired and self._failure is None:
+            if failed and self._closing.is_set():
+                log.info("segment %d: not reachable while closing; giving up", link.segment_id)
+                self._fail_link(link, ProducerClosedError("producer closed while reconnecting"))
+                return
+            failed = True
             url = self._table.broker_url(link.segment_id)
             if url is None:
-                await self._wait_dag(2.0)
+                await self._pause(2.0, dag=True)
                 continue
             try:
                 producer = await SegmentProducer.connect(
@@ -345,22 +366,23 @@ class ScalableTopicProducer:
                 )
             except SegmentNotFoundError:
                 log.debug("segment %d not on %s yet; waiting for the DAG", link.segment_id, url)
-                await self._wait_dag(backoff.delay())
+                await self._pause(backoff.delay(), dag=True)
                 continue
             except SegmentNotWritableError:
                 # A child whose parents' seal redirected us before the controller opened it;
                 # the broker already held the handshake for a while.
                 log.info("segment %d not writable yet; retrying", link.segment_id)
-                await backoff.sleep()
+                await self._pause(backoff.delay())
                 continue
             except (aiohttp.ClientError, OSError, ConnectionClosedError, TimeoutError) as exc:
                 log.debug("segment %d: connect to %s failed: %s", link.segment_id, url, exc)
-                await backoff.sleep()
+                await self._pause(backoff.delay())
                 continue
             except ProtocolError as exc:
                 log.warning("segment %d: broker refused the connection: %s", link.segment_id, exc)
-                await backoff.sleep()
+                await self._pause(backoff.delay())
                 continue
+            failed = False
             link.connects += 1
             self.connections += 1
             link.producer = producer
@@ -369,6 +391,9 @@ class ScalableTopicProducer:
             link.next_seq = max(link.next_seq, producer.last_sequence_id + 1)
             try:
                 failure = await self._pump(link, producer)
+            except asyncio.CancelledError:
+                await producer.close(flush=False)
+                raise
             finally:
                 link.producer = None
             if isinstance(failure, SegmentSealedError):
@@ -395,12 +420,23 @@ class ScalableTopicProducer:
                 return
             if failure is not None:
                 log.info("segment %d: connection lost (%s); reconnecting", link.segment_id, failure)
+                failed = True
                 backoff.reset()
-                await backoff.sleep()
+                await self._pause(backoff.delay())
 
-    async def _wait_dag(self, within: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await self._watcher.wait_update(within)
+    async def _pause(self, delay: float, *, dag: bool = False) -> None:
+        """Wait ``delay`` seconds before a link's next attempt, less when the producer starts
+        closing or (``dag``) a newer DAG arrives."""
+        if self._closing.is_set():
+            return
+        waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self._closing.wait())]
+        if dag:
+            waits.append(asyncio.ensure_future(self._watcher.wait_update()))
+        try:
+            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
 
     async def _pump(self, link: _Link, producer: SegmentProducer) -> SegmentError | None:
         watch = asyncio.create_task(producer.wait_failed())
@@ -474,6 +510,46 @@ class ScalableTopicProducer:
                 assert ack is not None
                 out.future.set_result(MessageId(link.segment_id, ack.position, index))
         self._release(link, len(entry.messages))
+
+    def _fail_link(self, link: _Link, error: Exception) -> None:
+        """Retire ``link``: fail every message of it not acknowledged yet with ``error``."""
+        link.retired = True
+        if link.linger is not None:
+            link.linger.cancel()
+            link.linger = None
+        for entry in [*link.inflight, *link.outbox]:
+            future = entry.future
+            if future is not None and future.done() and not future.exception():
+                self._finish(link, entry, ack=future.result())
+            elif not entry.finished:
+                entry.finished = True
+                _fail_all(entry.messages, error)
+                self._release(link, len(entry.messages))
+        link.inflight.clear()
+        link.outbox.clear()
+        buffer, link.buffer, link.buffer_bytes = link.buffer, [], 0
+        _fail_all(buffer, error)
+        self._release(link, len(buffer))
+        link.wake.set()
+
+    def _fail_parked(self, error: Exception) -> None:
+        parked, self._parked = self._parked, []
+        _fail_all(parked, error)
+        self._release(None, len(parked))
+
+    def _on_topic_gone(self, error: TopicNotFoundError) -> None:
+        """The DAG watcher gave up: the topic was deleted. Everything pending fails with
+        ``error``, and so does every later send."""
+        if self._failure is not None or self._closed:
+            return
+        self._failure = error
+        log.warning("%s: failing %d pending message(s)", error, self._pending)
+        for link in list(self._links.values()):
+            self._fail_link(link, error)
+            if link.task is not None:
+                link.task.cancel()
+        self._fail_parked(error)
+        self._space.set()
 
     def _release(self, link: _Link | None, count: int) -> None:
         if link is not None:
@@ -566,39 +642,42 @@ class ScalableTopicProducer:
     # -- closing ----------------------------------------------------------------------------------
 
     async def close(self, within: float = 30.0) -> None:
-        """Flush (waiting up to ``within`` seconds for acknowledgements), then disconnect.
-        Messages still unacknowledged then fail with :class:`ProducerClosedError`."""
-        if self._closed:
+        """Flush, waiting up to ``within`` seconds for the acknowledgements that can still
+        come, then disconnect. Once closing, new sends raise :class:`ProducerClosedError` and
+        nothing is retried: a segment whose broker cannot be reached (or that waits for the
+        DAG) gives up at once. Messages unacknowledged in the end fail with
+        :class:`ProducerClosedError`. The disconnect itself takes at most about a second,
+        also when ``close`` is cancelled; ``flush()`` first to wait through reconnects."""
+        if self._closing.is_set():
             return
-        if self._started:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(within):
-                    await self.flush()
+        self._closing.set()
+        self._space.set()  # senders waiting for room raise ProducerClosedError
+        try:
+            self._fail_parked(ProducerClosedError("producer closed before the DAG routed it"))
+            if self._started and within > 0 and self._failure is None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(within):
+                        await self.flush()
+        finally:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
         self._closed = True
         self._space.set()
+        self._watcher.remove_listener(self._on_dag)
         tasks = []
-        for link in list(self._links.values()):
+        for link in self._links.values():
             if link.linger is not None:
                 link.linger.cancel()
-            link.wake.set()
-            if link.producer is not None:
-                with contextlib.suppress(Exception):
-                    await link.producer.close()
-            if link.task is not None:
-                link.task.cancel()
+                link.linger = None
+            if link.task is not None and not link.task.done():
+                link.task.cancel()  # a connected link closes its connection without flushing
                 tasks.append(link.task)
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, self._watcher.close(), return_exceptions=True)
         error = ProducerClosedError("producer closed before the message was acknowledged")
-        for link in self._links.values():
-            for out in link.messages_in_order():
-                if not out.future.done():
-                    out.future.set_exception(error)
-                    out.future.exception()
-        for out in self._parked:
-            if not out.future.done():
-                out.future.set_exception(error)
-                out.future.exception()
+        for link in list(self._links.values()):
+            self._fail_link(link, error)
+        self._fail_parked(error)
         self._links.clear()
-        await self._watcher.close()
         if self._own_session and self._session is not None:
             await self._session.close()

@@ -36,10 +36,12 @@ class _LoopThread:
         self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for it; a timeout or an interrupt (Ctrl-C's
+        ``KeyboardInterrupt`` arrives in the waiting thread) cancels it."""
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout)
-        except TimeoutError:
+        except BaseException:
             future.cancel()
             raise
 
@@ -101,17 +103,21 @@ class SyncProducer:
     def flush(self, timeout: float | None = 60.0) -> None:
         self._thread.run(self._producer.flush(), timeout)
 
-    def close(self) -> None:
+    def close(self, within: float = 30.0) -> None:
+        """:meth:`ScalableTopicProducer.close`: flush for up to ``within`` seconds, then
+        disconnect."""
         try:
-            self._thread.run(self._producer.close(), timeout=60)
+            self._thread.run(self._producer.close(within), timeout=within + 30)
         finally:
             self._thread.stop()
 
     def __enter__(self) -> SyncProducer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """Flushes, except when leaving on ``KeyboardInterrupt`` (Ctrl-C) or ``SystemExit``."""
+        interrupted = exc_type is not None and not issubclass(exc_type, Exception)
+        self.close(0.0 if interrupted else 30.0)
 
 
 _AnyConsumer = StreamConsumer | CheckpointConsumer | QueueConsumer
@@ -191,9 +197,11 @@ class SyncConsumer:
 
         return self._thread.run(run(), timeout)
 
-    def close(self) -> None:
+    def close(self, *, unregister: bool = True) -> None:
+        """Leave (see the consumers' ``close``: by default what this consumer held goes to
+        the others at once)."""
         try:
-            self._thread.run(self._consumer.close(), timeout=60)
+            self._thread.run(self._consumer.close(unregister=unregister), timeout=30)
         finally:
             self._thread.stop()
 
