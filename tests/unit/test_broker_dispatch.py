@@ -21,7 +21,6 @@ from scalable_topics.core import wire
 from scalable_topics.core.wire import Message
 from segment_broker.dispatch import Consumer, Dispatcher, DispatchError
 from segment_broker.storage.cursor import Cursor, SubscriptionType
-from segment_broker.storage.log import Corruption
 from segment_broker.storage.segment import Segment, SegmentMeta, StorageSettings
 
 BUCKETS = 4
@@ -38,9 +37,6 @@ class Sink:
 
     def end_of_segment(self, last_position: int) -> None:
         self.eos = last_position
-
-    def corrupted(self, corruption: Corruption) -> None:
-        raise AssertionError(f"the segment is not corrupted: {corruption}")
 
 
 @pytest.fixture(scope="module")

@@ -223,3 +223,33 @@ async def test_stop_leaves_nothing_behind(tmp_path: Path, policy: RestartPolicy)
     await sc.stop(1.0)
     assert not pid_alive(pid)
     assert sc.state.kind == "terminated"
+
+
+def test_a_group_of_zombies_is_not_alive() -> None:
+    """Dead but unreaped (init may reap a container's orphans late) is dead: stopping a pod
+    does not wait for the reaping."""
+    import subprocess
+
+    from scalable_topics.localcluster.processes import _group_alive
+
+    leader = subprocess.Popen(["true"], start_new_session=True)  # not waited for: a zombie
+
+    def zombie() -> bool:
+        with open(f"/proc/{leader.pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+
+    try:
+        deadline = time.monotonic() + 20
+        while not zombie():
+            assert time.monotonic() < deadline, "the process did not exit"
+            time.sleep(0.01)
+        os.killpg(leader.pid, 0)  # the kernel still lists the group
+        assert not _group_alive(leader.pid)
+    finally:
+        leader.wait()
+    live = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert _group_alive(live.pid)
+    finally:
+        live.kill()
+        live.wait()

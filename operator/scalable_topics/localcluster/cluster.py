@@ -6,11 +6,9 @@ no authorization, no admission webhooks and no TLS. See ``docs/localcluster.md``
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
-import os
 import secrets
 import socket
 from pathlib import Path
@@ -21,6 +19,7 @@ import yaml
 from aiohttp import web
 
 from .apiserver import ApiServer
+from .datadir import DataDirLock
 from .errors import ApiError
 from .gc import GarbageCollector
 from .objects import NS_KEY, Api
@@ -33,7 +32,6 @@ JSON = dict[str, Any]
 
 DB_NAME = "cluster.sqlite3"
 TOKEN_FILE = "token"
-PID_FILE = "localcluster.pid"
 KUBECONFIG_FILE = "kubeconfig"
 CONTEXT = "stopic-local"
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -101,6 +99,11 @@ class LocalCluster:
     ``async with LocalCluster(tmp_path, kubelet=False) as cluster:`` serves on
     ``cluster.url`` and writes ``cluster.kubeconfig``; objects survive a restart on the same
     directory with their resourceVersions and UIDs.
+
+    ``start()`` first takes the directory's lock (``datadir.DataDirLock``) and raises
+    ``datadir.DataDirInUse``, having written nothing, while another control plane holds it;
+    ``stop()`` releases it last. ``stop_grace`` caps the grace period of the pods the kubelet
+    kills on ``stop()`` (``None``: the kubelet's default).
     """
 
     def __init__(
@@ -110,8 +113,11 @@ class LocalCluster:
         kubelet: bool = True,
         host: str = "127.0.0.1",
         history_size: int = 50_000,
+        stop_grace: float | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
+        self.lock = DataDirLock(self.data_dir)
+        self.stop_grace = stop_grace
         self.api_port = api_port
         self.host = host
         self.want_kubelet = kubelet
@@ -129,10 +135,6 @@ class LocalCluster:
     @property
     def kubeconfig(self) -> Path:
         return self.data_dir / KUBECONFIG_FILE
-
-    @property
-    def pid_file(self) -> Path:
-        return self.data_dir / PID_FILE
 
     async def __aenter__(self) -> LocalCluster:
         await self.start()
@@ -158,7 +160,16 @@ class LocalCluster:
     async def start(self) -> None:
         if self._started:
             return
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.lock.acquire()
+        self._started = True
+        try:
+            await self._start_locked()
+        except BaseException:
+            await self.stop()
+            raise
+        log.info("local cluster serving on %s (kubeconfig %s)", self.url, self.kubeconfig)
+
+    async def _start_locked(self) -> None:
         self.token = self._load_token()
         self.store = Store(self.data_dir / DB_NAME, history_size=self.history_size)
         self.api = Api(self.store, Registry())
@@ -179,21 +190,18 @@ class LocalCluster:
         self.url = f"http://{self.host}:{port}"
         self.server.server_address = f"{self.host}:{port}"
         write_kubeconfig(self.kubeconfig, self.url, self.token)
+        self.lock.publish(self.url)
         self.gc.start()
-        self._started = True
-        try:
-            if self.want_kubelet:
-                self.kubelet = _load_kubelet(
-                    api_url=self.url,
-                    token=self.token,
-                    data_dir=self.data_dir,
-                    kubeconfig=self.kubeconfig,
-                )
-                await self.kubelet.start()
-        except BaseException:
-            await self.stop()
-            raise
-        log.info("local cluster serving on %s (kubeconfig %s)", self.url, self.kubeconfig)
+        if self.want_kubelet:
+            knobs = {} if self.stop_grace is None else {"stop_grace": self.stop_grace}
+            self.kubelet = _load_kubelet(
+                api_url=self.url,
+                token=self.token,
+                data_dir=self.data_dir,
+                kubeconfig=self.kubeconfig,
+                **knobs,
+            )
+            await self.kubelet.start()
 
     def _ensure_system_namespaces(self) -> None:
         assert self.api is not None
@@ -207,20 +215,23 @@ class LocalCluster:
         if not self._started:
             return
         self._started = False
-        if self.kubelet is not None:
-            try:
-                await self.kubelet.stop()
-            finally:
-                self.kubelet = None
-        if self.gc is not None:
-            await self.gc.stop()
-        if self.store is not None:
-            self.store.close_subscriptions()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        if self.store is not None:
-            self.store.close()
+        try:
+            if self.kubelet is not None:
+                try:
+                    await self.kubelet.stop()
+                finally:
+                    self.kubelet = None
+            if self.gc is not None:
+                await self.gc.stop()
+            if self.store is not None:
+                self.store.close_subscriptions()
+            if self._runner is not None:
+                await self._runner.cleanup()
+                self._runner = None
+            if self.store is not None:
+                self.store.close()
+        finally:
+            self.lock.release()
 
     # -- helpers for tests and ``make run`` -------------------------------------------------
 
@@ -272,10 +283,3 @@ class LocalCluster:
             for item in items or []:
                 out.append(self.apply(item, namespace))
         return out
-
-    def write_pid_file(self) -> None:
-        self.pid_file.write_text(f"{os.getpid()}\n")
-
-    def remove_pid_file(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.pid_file.unlink()
