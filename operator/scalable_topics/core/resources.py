@@ -362,6 +362,7 @@ class Reason:
     NOT_SUPPORTED = "NotSupported"
     BROKERS_UNAVAILABLE = "BrokersUnavailable"
     LAYOUT_INVALID = "LayoutInvalid"
+    LAYOUT_LOST = "LayoutLost"
     # Reconciling
     CREATING = "Creating"
     SPLITTING = "Splitting"
@@ -390,6 +391,8 @@ class OperationSource(enum.StrEnum):
     MANUAL = "manual"
     AUTO = "auto"
     RECOMMENDATION = "recommendation"
+    REBUILT = "rebuilt"
+    """Found interrupted in the Segment records when a lost ``status.layout`` was rebuilt."""
 
 
 class ManualRequestOp(enum.StrEnum):
@@ -918,7 +921,9 @@ class OperationStatus(_Status):
     phase: Phase = Field(description="Last protocol step known complete.")
     at: int | None = Field(None, ge=0, le=RING_MAX, description="Split point (split only).")
     source: OperationSource = Field(
-        OperationSource.MANUAL, description="manual, auto or recommendation."
+        OperationSource.MANUAL,
+        description="manual, auto, recommendation or rebuilt (found interrupted when a lost "
+        "status.layout was rebuilt).",
     )
     reason: str | None = Field(None, description="Why (the policy's reason or the request).")
     request_id: str | None = Field(None, description="Id of the manual request, if any.")
@@ -1138,6 +1143,15 @@ class SegmentStatus(_Status):
         default_factory=dict, description="Unconsumed entries per subscription."
     )
     sealed_at: Timestamp | None = Field(None, description="When the segment was sealed.")
+    created_at_epoch: int | None = Field(
+        None,
+        ge=0,
+        description="Layout epoch that created the segment (recorded from status.layout; a lost "
+        "layout is rebuilt from the Segments).",
+    )
+    sealed_at_epoch: int | None = Field(
+        None, ge=0, description="Layout epoch that sealed the segment (recorded as above)."
+    )
     subscriptions: list[str] = Field(
         default_factory=list,
         description="Subscriptions the operator has provisioned on the segment's broker.",
