@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import time
 from collections.abc import AsyncIterator
@@ -17,12 +18,14 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 import pytest_asyncio
+import yaml
 
 from scalable_topics.client.segment import SegmentError, SegmentProducer, SegmentSealedError
 from scalable_topics.core.layout import SegmentLayout
 
 from .operator_harness import (
     REPO,
+    SEGMENTS,
     JsonObj,
     Stack,
     condition_of,
@@ -198,6 +201,115 @@ async def test_invalid_policy_then_fixed(stack: Stack) -> None:
     topic = await stack.wait_ready(name)
     assert (condition_of(topic, "Stalled") or {}).get("status") == "False"
     await assert_consistent(stack, name)
+
+
+async def _stalled(stack: Stack, name: str, reason: str, namespace: str = "default") -> JsonObj:
+    async def probe() -> JsonObj | None:
+        topic = await stack.topic(name, namespace)
+        stalled = condition_of(topic, "Stalled") or {}
+        return topic if stalled.get("status") == "True" and stalled["reason"] == reason else None
+
+    topic = await eventually(probe, 60, f"{namespace}/{name} Stalled with {reason}")
+    ready = condition_of(topic, "Ready")
+    assert ready is not None and ready["status"] == "False" and ready["reason"] == reason, ready
+    return topic
+
+
+async def _warning(stack: Stack, name: str, reason: str, namespace: str = "default") -> JsonObj:
+    async def probe() -> JsonObj | None:
+        found = [
+            e
+            for e in await stack.events(name, namespace)
+            if e["type"] == "Warning" and e["reason"] == reason
+        ]
+        return found[0] if found else None
+
+    return await eventually(probe, 30, f"a Warning event {reason} on {name}")
+
+
+async def test_name_at_the_limit_becomes_ready(stack: Stack) -> None:
+    name = "n" * 63  # the CRD's maxLength: the value of the topic label on its Segments
+    await stack.apply_topic(topic_body(name, segments=2))
+    topic = await stack.wait_ready(name)
+    assert topic["status"]["activeSegments"] == 2
+    segments = await stack.segments(name)
+    assert {s["metadata"]["name"] for s in segments.values()} == {f"{name}-0", f"{name}-1"}
+    await assert_consistent(stack, name)
+
+
+async def test_initial_segments_above_the_namespace_max_builds_nothing(stack: Stack) -> None:
+    """A bound from the namespace's policy is the operator's to check: Ready=False InvalidSpec,
+    a Warning event, no Segment; raising the bound on the topic lays it out."""
+    namespace, name = "capped", "wide"
+    await stack.kubectl("create", "namespace", namespace)
+    await stack.kubectl(
+        "annotate", "namespace", namespace, 'scalabletopics.io/autoscale-policy={"maxSegments": 3}'
+    )
+    body = topic_body(name, segments=5)
+    body["metadata"]["namespace"] = namespace
+    await stack.apply_topic(body)
+
+    topic = await _stalled(stack, name, "InvalidSpec", namespace)
+    message = condition_of(topic, "Ready")["message"]  # type: ignore[index]
+    assert "spec.initialSegments (5) is above maxSegments (3)" in message, message
+    assert "scalabletopics.io/autoscale-policy" in message, message
+    assert topic["status"]["activeSegments"] == 0 and "layout" not in topic["status"]
+    event = await _warning(stack, name, "InvalidSpec", namespace)
+    assert "(5)" in event["message"] and "(3)" in event["message"], event
+    assert await stack.segments(name, namespace) == {}
+    assert await stack.broker_segments(name, namespace) == {}
+
+    body["spec"]["autoScale"] = {"maxSegments": 8}
+    await stack.apply_topic(body)
+    topic = await stack.wait_ready(name, namespace=namespace)
+    assert topic["status"]["activeSegments"] == 5
+    assert len(await stack.segments(name, namespace)) == 5
+
+
+async def test_stored_overlong_name_is_stalled_and_builds_nothing(stack: Stack) -> None:
+    """A topic stored under a CRD without the name limit (as an older embedded control plane
+    accepted it) cannot have Segments: Stalled NameTooLong, a Warning event, no finalizer, and a
+    status that claims no segment."""
+    name = "x" * 250
+    crd_path = REPO / "crds" / "scalabletopics.io_scalabletopics.yaml"
+    lax = yaml.safe_load(crd_path.read_text())
+    schema = lax["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    del schema["properties"]["metadata"]["properties"]["name"]["maxLength"]
+    try:
+        await stack.kubectl("apply", "-f", "-", input=json.dumps(lax))
+        await stack.apply_topic(topic_body(name, segments=2))
+    finally:
+        await stack.kubectl("apply", "-f", str(crd_path))
+    rejected = await stack.kubectl(
+        "apply", "-f", "-", input=json.dumps(topic_body("y" * 250)), check=False
+    )
+    assert "Too long: may not be more than 63 bytes" in rejected.stderr, rejected
+
+    topic = await _stalled(stack, name, "NameTooLong")
+    message = condition_of(topic, "Stalled")["message"]  # type: ignore[index]
+    assert "250 characters, longer than 63" in message and "scalabletopics.io/topic" in message
+    await _warning(stack, name, "NameTooLong")
+    assert topic["status"]["activeSegments"] == 0 and "layout" not in topic["status"]
+    assert "scalabletopics.io/finalizer" not in (topic["metadata"].get("finalizers") or [])
+
+    # A status that claims segments (as the operator wrote before it checked names) is undone.
+    claimed = {"status": {"activeSegments": 2, "layout": SegmentLayout.initial(2).to_metadata()}}
+    await stack.kubectl(
+        "patch", "stopic", name, "--subresource=status", "--type=merge", "-p", json.dumps(claimed)
+    )
+
+    async def unclaimed() -> JsonObj | None:
+        topic = await stack.topic(name)
+        status = (topic or {}).get("status") or {}
+        return topic if status.get("activeSegments") == 0 and "layout" not in status else None
+
+    await eventually(unclaimed, 30, "status.layout removed again")
+    segments, _ = await stack.api.list(SEGMENTS, "default")
+    assert [s for s in segments if s["spec"]["topic"] == name] == []
+    # An older operator may have added its finalizer: deleting still completes.
+    finalizer = {"metadata": {"finalizers": ["scalabletopics.io/finalizer"]}}
+    await stack.kubectl("patch", "stopic", name, "--type=merge", "-p", json.dumps(finalizer))
+    await stack.kubectl("delete", "stopic", name, "--wait=true", "--timeout=30s", within=60)
 
 
 async def test_auto_split_under_load(stack: Stack) -> None:

@@ -225,6 +225,45 @@ def test_a_combination_invalid_only_after_resolution_names_the_knobs() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("spec", "namespace", "problem"),
+    [
+        ({"initialSegments": 5}, {"maxSegments": 8}, None),
+        ({"initialSegments": 64}, None, None),
+        (
+            {"initialSegments": 5},
+            {"maxSegments": 3},
+            "spec.initialSegments (5) is above maxSegments (3) of the effective auto-scale "
+            "policy (from the namespace's scalabletopics.io/autoscale-policy annotation)",
+        ),
+        (
+            {"initialSegments": 65},
+            None,
+            "spec.initialSegments (65) is above maxSegments (64) of the effective auto-scale "
+            "policy (from the operator's default)",
+        ),
+        (
+            {"initialSegments": 2, "autoScale": {"minSegments": 3}},
+            {"minSegments": 1},
+            "spec.initialSegments (2) is below minSegments (3) of the effective auto-scale "
+            "policy (from spec.autoScale)",
+        ),
+        # the topic's own bound wins over the namespace's
+        ({"initialSegments": 5, "autoScale": {"maxSegments": 5}}, {"maxSegments": 3}, None),
+    ],
+)
+def test_initial_segments_against_the_effective_policy_name_the_bound_and_its_source(
+    spec: dict[str, Any], namespace: dict[str, Any] | None, problem: str | None
+) -> None:
+    parsed = r.parse_topic_spec(spec)
+    found = parsed.initial_segments_problem(parsed.policy(namespace), namespace)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(problem), found
+        assert "initialSegments is immutable" in found
+
+
 def test_topic_name_must_fit_in_a_label_value() -> None:
     with pytest.raises(r.ResourceValidationError, match="longer than 63 characters"):
         r.parse_topic(

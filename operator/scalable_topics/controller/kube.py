@@ -247,7 +247,9 @@ class KubeApi:
         stamp = datetime.now(UTC)
         event = k8s.CoreV1Event(
             metadata=k8s.V1ObjectMeta(
-                name=f"{meta['name']}.{uuid.uuid4().hex[:12]}", namespace=meta["namespace"]
+                # A name is at most 253 characters (the object's too): keep room for the suffix.
+                name=f"{meta['name'][:240].rstrip('-.')}.{uuid.uuid4().hex[:12]}",
+                namespace=meta["namespace"],
             ),
             involved_object=k8s.V1ObjectReference(
                 api_version=obj.get("apiVersion"),

@@ -23,6 +23,7 @@ from ..core.layout import SegmentInfo, SegmentLayout
 from ..core.operation import Operation, plan_merge, plan_rebucket, plan_split
 from ..core.policy import AutoScalePolicy, format_duration
 from ..core.resources import (
+    ANNOTATION_AUTOSCALE_POLICY,
     ANNOTATION_REQUEST,
     ConditionType,
     Reason,
@@ -39,6 +40,7 @@ from ..core.resources import (
     remember_request,
     segment_name,
     set_condition,
+    topic_name_problem,
 )
 from ..core.retention import RetentionRule, SegmentDrains, drains_from_stats, next_expiry, prunable
 from . import metrics
@@ -51,7 +53,7 @@ from .status import TopicGone, update_topic_status
 log = logging.getLogger(__name__)
 
 FINALIZER = "scalabletopics.io/finalizer"
-POLICY_ANNOTATION = "scalabletopics.io/autoscale-policy"
+POLICY_ANNOTATION = ANNOTATION_AUTOSCALE_POLICY
 
 Key = tuple[str, str]
 
@@ -128,8 +130,8 @@ class TopicReconciler:
             topic, type_=type_, reason=reason, message=message, component="scalable-topics-operator"
         )
 
-    async def policy(self, namespace: str, spec: ScalableTopicSpec) -> AutoScalePolicy:
-        """Topic spec, then the namespace annotation, then the operator's defaults."""
+    async def namespace_policy(self, namespace: str) -> dict[str, Any]:
+        """The knobs of the namespace's annotation (``{}`` without one)."""
         annotations = await self.kube.namespace_annotations(namespace)
         raw = annotations.get(POLICY_ANNOTATION)
         namespace_policy: dict[str, Any] = {}
@@ -138,7 +140,11 @@ class TopicReconciler:
                 namespace_policy = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"namespace annotation {POLICY_ANNOTATION}: {exc}") from None
-        return spec.policy(namespace_policy, self.defaults)
+        return namespace_policy
+
+    async def policy(self, namespace: str, spec: ScalableTopicSpec) -> AutoScalePolicy:
+        """Topic spec, then the namespace annotation, then the operator's defaults."""
+        return spec.policy(await self.namespace_policy(namespace), self.defaults)
 
     # -- the pass ------------------------------------------------------------------------------
 
@@ -172,6 +178,14 @@ class TopicReconciler:
         meta = topic["metadata"]
         if meta.get("deletionTimestamp"):
             await self._finalize(topic)
+            return
+        name_problem = topic_name_problem(name)
+        if name_problem is not None:
+            # Stored before the CRD limited names: no Segment can carry the name as its label,
+            # so nothing is created (not even the finalizer) and nothing is retried.
+            await self._not_ready(
+                topic, Reason.NAME_TOO_LONG, name_problem, stalled=True, unbuilt=True
+            )
             return
         if FINALIZER not in (meta.get("finalizers") or []):
             topic = await self.kube.patch_topic(
@@ -212,6 +226,12 @@ class TopicReconciler:
             await self._not_ready(topic, Reason.LAYOUT_INVALID, problem_text, stalled=True)
             return
         if layout is None:
+            unbuildable = await self._initial_segments_problem(topic, spec, policy)
+            if unbuildable is not None:
+                await self._not_ready(
+                    topic, Reason.INVALID_SPEC, unbuildable, stalled=True, unbuilt=True
+                )
+                return
             topic, layout = await self._initialize(topic, spec)
 
         if (topic.get("status") or {}).get("operation"):
@@ -246,6 +266,21 @@ class TopicReconciler:
             self.on_requeue_after((namespace, name), look_again)
 
     # -- pieces --------------------------------------------------------------------------------
+
+    async def _initial_segments_problem(
+        self, topic: Body, spec: ScalableTopicSpec, policy: AutoScalePolicy | None
+    ) -> str | None:
+        """Why the initial layout may not be built: ``initialSegments`` outside the bounds of
+        the effective policy where the namespace or the defaults set them (admission rejects
+        the topic's own). Only while no Segment exists: it never stops a built topic."""
+        if policy is None:
+            return None  # InvalidAutoScalePolicy says what is wrong
+        meta = topic["metadata"]
+        namespace_policy = await self.namespace_policy(meta["namespace"])
+        problem = spec.initial_segments_problem(policy, namespace_policy)
+        if problem is None or await self.kube.list_segments(meta["namespace"], meta["name"]):
+            return None
+        return problem
 
     async def _initialize(self, topic: Body, spec: ScalableTopicSpec) -> tuple[Body, SegmentLayout]:
         layout = SegmentLayout.initial(spec.initial_segments)
@@ -731,8 +766,17 @@ class TopicReconciler:
         return topic
 
     async def _not_ready(
-        self, topic: Body, reason: str, message: str, *, stalled: bool = False
+        self,
+        topic: Body,
+        reason: str,
+        message: str,
+        *,
+        stalled: bool = False,
+        unbuilt: bool = False,
     ) -> None:
+        """Ready=False (and Stalled=True if ``stalled``) with ``reason``; a Warning event when
+        it is news. ``unbuilt``: nothing exists for the topic, and the status says so (no
+        layout, 0 active segments) whatever an earlier pass wrote."""
         meta = topic["metadata"]
         generation = meta.get("generation")
         previous = get_condition((topic.get("status") or {}).get("conditions"), ConditionType.READY)
@@ -764,6 +808,10 @@ class TopicReconciler:
             )
             status["conditions"] = conditions
             status["observedGeneration"] = generation
+            if unbuilt:
+                for key in ("layout", "epoch", "nextSegmentId", "dag"):
+                    status.pop(key, None)
+                status["activeSegments"] = 0
 
         topic = await update_topic_status(
             self.kube, meta["namespace"], meta["name"], change, topic=topic
@@ -848,7 +896,10 @@ class TopicReconciler:
         if FINALIZER not in (meta.get("finalizers") or []):
             return
         self.forget(ns, name)
-        segments = await self.kube.list_segments(ns, name)
+        # No Segment can exist for a name too long to be its label (nor be listed by it).
+        segments = (
+            await self.kube.list_segments(ns, name) if topic_name_problem(name) is None else []
+        )
         for seg in segments:
             url = self.cache.broker_url_of(seg)
             sid = int(seg["spec"]["segmentId"])
