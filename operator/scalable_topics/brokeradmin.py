@@ -151,6 +151,19 @@ class SegmentAdmin:
         """Lift a fenced segment's fence durably (idempotent); returns its summary."""
         return await self._call("POST", self._path(namespace, topic, segment_id) + "/activate")
 
+    async def truncate(
+        self, namespace: str, topic: str, segment_id: int, position: int, acknowledge_loss: str
+    ) -> dict[str, Any]:
+        """Cut a corrupted (quarantined) segment's log at ``position``, its first damaged
+        record, losing every entry from there on, and serve it again. ``acknowledge_loss``
+        must name the segment, ``"<namespace>/<topic>/<id>"``. Returns its summary and
+        ``truncated`` (``position``, ``droppedBytes``, ``droppedFiles``)."""
+        return await self._call(
+            "POST",
+            self._path(namespace, topic, segment_id) + "/truncate",
+            {"position": position, "acknowledgeLoss": acknowledge_loss},
+        )
+
     async def delete_segment(self, namespace: str, topic: str, segment_id: int) -> bool:
         """Delete the segment and its data; ``False`` when the broker does not have it."""
         path = self._path(namespace, topic, segment_id)

@@ -14,10 +14,13 @@ import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import crc32c
 import pytest
 
+from segment_broker.corruption import CorruptionStatus
+from segment_broker.dispatch import Dispatcher
 from segment_broker.storage.cursor import Cursor, SubscriptionType
 from segment_broker.storage.log import (
     CLEAN_SHUTDOWN,
@@ -416,3 +419,80 @@ def test_cursor_truncate_forgets_acknowledgements_at_and_above_the_cut() -> None
     assert cur.backlog(40) == 30 - 3
     assert not cur.truncate(25), "nothing at or above 25 any more"
     assert cur.truncate(5) and cur.ack_floor == 5 and cur.backlog(40) == 35
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.items: list[tuple[int, int, Any]] = []
+        self.corruption: Corruption | None = None
+
+    def deliver(self, items: list[tuple[int, int, Any]]) -> None:
+        self.items.extend(items)
+
+    def end_of_segment(self, last_position: int) -> None:
+        raise AssertionError("a quarantined segment never ends")
+
+    def corrupted(self, corruption: Corruption) -> None:
+        assert self.corruption is None, "told once"
+        self.corruption = corruption
+
+
+async def test_a_consumer_is_told_once_it_acknowledged_everything_before_the_damage(
+    tmp_path: Path, executor: ThreadPoolExecutor
+) -> None:
+    path = tmp_path / "s"
+    subs = {"a": "Exclusive", "b": "Queue"}
+    seg = await _open(path, executor, subs=subs)
+    await _fill(seg, 200)
+    seg.cursors["b"].ack_cumulative(149)
+    await seg.close()
+    _crash(path)
+    log_file = seg.log.files[-1].path
+    _flip(log_file, _offset_of(log_file, 100) + RECORD_HEADER_SIZE + 9)
+    seg = await _open(path, executor, subs=subs)
+
+    disp = Dispatcher(seg, seg.cursors["a"])
+    sink = _Sink()
+    consumer = disp.attach("c", None, sink)
+    disp.flow(consumer, 1000)
+    await _until(lambda: len(sink.items) == 100, "the entries before the damage")
+    assert [p for p, _, _ in sink.items] == list(range(100))
+    assert sink.corruption is None, "not while it holds unacknowledged entries"
+    disp.ack(consumer, [99], cumulative=True)
+    await _until(lambda: sink.corruption is not None, "the corruption notice")
+    assert sink.corruption is not None and sink.corruption.position == 100
+    assert sink.corruption is seg.corruption
+
+    ahead = Dispatcher(seg, seg.cursors["b"])
+    other = _Sink()
+    ahead.attach("q", None, other)
+    await _until(lambda: other.corruption is not None, "the notice for a cursor past the damage")
+    assert other.items == []
+    await seg.close()
+
+
+async def test_corruption_status_is_retried_until_written_and_keeps_the_newest_value() -> None:
+    class Api:
+        def __init__(self) -> None:
+            self.down = True
+            self.calls: list[tuple[str, str, int, dict[str, Any] | None]] = []
+            self.stored: dict[tuple[str, str, int], dict[str, Any] | None] = {}
+
+        async def write_corruption(
+            self, namespace: str, topic: str, segment_id: int, body: dict[str, Any] | None
+        ) -> None:
+            self.calls.append((namespace, topic, segment_id, body))
+            if self.down:
+                raise OSError("API server unreachable")
+            self.stored[(namespace, topic, segment_id)] = body
+
+    api = Api()
+    status = CorruptionStatus(api, first_retry_s=0.01, max_retry_s=0.02)
+    status.set(("ns", "t", 0), {"position": 100})
+    await _until(lambda: len(api.calls) >= 3, "retries while the API is down")
+    assert status.failures >= 3 and status.pending == 1
+    status.set(("ns", "t", 0), None)
+    api.down = False
+    await _until(lambda: status.pending == 0, "the write")
+    assert api.stored == {("ns", "t", 0): None}, "the newest value wins"
+    await status.close()

@@ -15,6 +15,7 @@ from .consumers import (
 from .dag import DagWatcher, TopicNotFoundError
 from .model import Checkpoint, Message, MessageId
 from .producer import ProducerClosedError, ScalableTopicProducer
+from .segment import SegmentCorruptedError
 from .sync import SyncConsumer, SyncProducer
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "ProducerClosedError",
     "QueueConsumer",
     "ScalableTopicProducer",
+    "SegmentCorruptedError",
     "StreamConsumer",
     "SyncConsumer",
     "SyncProducer",

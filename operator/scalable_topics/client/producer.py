@@ -47,6 +47,7 @@ from .segment import (
     EntryAck,
     EntryRejectedError,
     ProtocolError,
+    SegmentCorruptedError,
     SegmentError,
     SegmentNotFoundError,
     SegmentNotWritableError,
@@ -374,6 +375,9 @@ class ScalableTopicProducer:
                 log.info("segment %d not writable yet; retrying", link.segment_id)
                 await self._pause(backoff.delay())
                 continue
+            except SegmentCorruptedError as exc:
+                self._corrupted(link, exc)
+                return
             except (aiohttp.ClientError, OSError, ConnectionClosedError, TimeoutError) as exc:
                 log.debug("segment %d: connect to %s failed: %s", link.segment_id, url, exc)
                 await self._pause(backoff.delay())
@@ -398,6 +402,10 @@ class ScalableTopicProducer:
                 link.producer = None
             if isinstance(failure, SegmentSealedError):
                 self._reroute(link, failure)
+                await producer.close()
+                return
+            if isinstance(failure, SegmentCorruptedError):
+                self._corrupted(link, failure)
                 await producer.close()
                 return
             # The connection is gone without a verdict: resend what is unacknowledged, with
@@ -510,6 +518,15 @@ class ScalableTopicProducer:
                 assert ack is not None
                 out.future.set_result(MessageId(link.segment_id, ack.position, index))
         self._release(link, len(entry.messages))
+
+    def _corrupted(self, link: _Link, error: SegmentCorruptedError) -> None:
+        """The segment is quarantined (its log is damaged): no retry can store these messages
+        until an operator repairs it, so they fail with ``error`` at once. The link goes away;
+        a later send to the segment opens a new one and gets the same answer until then."""
+        log.error("segment %d refuses writes: %s", link.segment_id, error)
+        self._fail_link(link, error)
+        if self._links.get(link.segment_id) is link:
+            del self._links[link.segment_id]
 
     def _fail_link(self, link: _Link, error: Exception) -> None:
         """Retire ``link``: fail every message of it not acknowledged yet with ``error``."""

@@ -44,6 +44,7 @@ __all__ = [
     "ReceivedEntry",
     "SegmentAdmin",
     "SegmentConsumer",
+    "SegmentCorruptedError",
     "SegmentError",
     "SegmentNotFoundError",
     "SegmentNotWritableError",
@@ -130,6 +131,16 @@ class SegmentNotWritableError(SegmentError):
     Retry shortly; the controller activates it right after the seal."""
 
 
+class SegmentCorruptedError(SegmentError):
+    """The segment's log is damaged at ``position`` and the broker quarantined it: it takes no
+    writes, and a consumer got everything before ``position``. Retrying cannot help until an
+    operator repairs the segment (docs/operations.md, "Corrupted segments")."""
+
+    def __init__(self, code: str, message: str, position: int | None) -> None:
+        super().__init__(code, message)
+        self.position = position
+
+
 class ProtocolError(SegmentError):
     pass
 
@@ -149,6 +160,11 @@ def _error_from(body: Mapping[str, Any], close_code: int | None) -> SegmentError
         return ProtocolError(code, message)
     if code == wire.ERR_SEGMENT_NOT_WRITABLE or close_code == wire.CLOSE_SEGMENT_NOT_WRITABLE:
         return SegmentNotWritableError(code, message)
+    if code == wire.ERR_SEGMENT_CORRUPTED or close_code == wire.CLOSE_SEGMENT_CORRUPTED:
+        position = body.get("position")
+        return SegmentCorruptedError(
+            code, message, position if isinstance(position, int) and position >= 0 else None
+        )
     return ConnectionClosedError(code, message)
 
 
@@ -658,6 +674,13 @@ class SegmentConsumer:
         self.buckets = int(hello.get("buckets", 1))
         self.subscription_type = str(hello.get("subscriptionType"))
         self.ack_floor = int(hello.get("ackFloor", 0))
+        self.servable_position = int(hello.get("lastPosition", -1))
+        """The last position the broker could serve at the handshake."""
+        corruption = hello.get("corruption")
+        self.corruption: dict[str, Any] | None = (
+            dict(corruption) if isinstance(corruption, dict) else None
+        )
+        """Set when the segment is quarantined: ``position`` is where delivery will stop."""
         self.permits = permits
         self._loop = asyncio.get_running_loop()
         self._queue: deque[ReceivedEntry] = deque()
