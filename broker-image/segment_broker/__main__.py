@@ -13,6 +13,7 @@ from pathlib import Path
 from aiohttp import web
 
 from .config import BrokerConfig, parse_config
+from .corruption import CorruptionReporter
 from .load import HistoryWriter, LoadReporter, LoadTracker, SegmentRates, ThresholdReporter
 from .metrics import BrokerMetrics
 from .server import Broker
@@ -27,24 +28,27 @@ class _NoReporter:
         return None
 
 
-async def _reporter(config: BrokerConfig) -> tuple[LoadReporter, Callable[[], Awaitable[None]]]:
-    """The load reporter and how to close it."""
+async def _reporter(
+    config: BrokerConfig,
+) -> tuple[LoadReporter, CorruptionReporter | None, Callable[[], Awaitable[None]]]:
+    """The load reporter, the writer of ``Segment.status.corruption`` (the same Kubernetes
+    client, or none), and how to close them."""
     if config.load_reporter == "kubernetes":
         from .k8s_reporter import KubernetesLoadReporter
 
         k8s = await KubernetesLoadReporter.connect(config.kubeconfig)
-        return ThresholdReporter(k8s), k8s.close
+        return ThresholdReporter(k8s), k8s, k8s.close
 
     async def nothing() -> None:
         return None
 
-    return _NoReporter(), nothing
+    return _NoReporter(), None, nothing
 
 
 async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
     metrics = BrokerMetrics()
     history = HistoryWriter(Path(config.load_history_dir)) if config.load_history_dir else None
-    reporter, close_reporter = await _reporter(config)
+    reporter, corruption_reporter, close_reporter = await _reporter(config)
     tracker = LoadTracker(
         reporter,
         history,
@@ -52,7 +56,9 @@ async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
         window=max(60.0, config.load_interval_s),
         registry=metrics.registry,
     )
-    broker = Broker(config, metrics=metrics, tracker=tracker)
+    broker = Broker(
+        config, metrics=metrics, tracker=tracker, corruption_reporter=corruption_reporter
+    )
     runner = web.AppRunner(broker.make_app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)

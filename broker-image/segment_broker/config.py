@@ -74,7 +74,8 @@ _HELP = {
     "load_history_dir": "where the load history (JSON lines) is written; none when unset",
     "load_interval_s": "load sampling interval",
     "load_reporter": "'kubernetes': patch Segment.status.load when a rate moves by more than "
-    "25 %% (in-cluster config, else --kubeconfig); 'none' (default)",
+    "25 %%, and Segment.status.corruption when a segment is quarantined or truncated "
+    "(in-cluster config, else --kubeconfig); 'none' (default)",
     "kubeconfig": "kubeconfig for --load-reporter kubernetes outside a cluster",
     "uvloop": "use uvloop when installed",
     "log_level": "logging level",

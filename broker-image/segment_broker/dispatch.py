@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from scalable_topics.core.wire import bucket_of, entry_bucket_hash
 
 from .storage.cursor import Cursor, SubscriptionType
+from .storage.log import Corruption
 from .storage.segment import Segment
 
 UNKEYED_LANE = -1
@@ -59,9 +60,22 @@ class ConsumerSink(Protocol):
 
     def end_of_segment(self, last_position: int) -> None: ...
 
+    def corrupted(self, corruption: Corruption) -> None:
+        """The consumer reached the first damaged position of a quarantined segment."""
+
 
 class Consumer:
-    __slots__ = ("buckets", "eos_sent", "id", "in_order", "name", "pending", "permits", "sink")
+    __slots__ = (
+        "buckets",
+        "corruption_sent",
+        "eos_sent",
+        "id",
+        "in_order",
+        "name",
+        "pending",
+        "permits",
+        "sink",
+    )
 
     _ids = itertools.count(1)
 
@@ -76,6 +90,7 @@ class Consumer:
         self.in_order = True
         """``pending`` is in ascending position order (no redelivery went out of order)."""
         self.eos_sent = False
+        self.corruption_sent = False
 
 
 class Dispatcher:
@@ -224,7 +239,7 @@ class Dispatcher:
                 pending.pop(p, None)
                 if redeliveries:
                     redeliveries.pop(p, None)
-        if self.segment.seal is not None:
+        if self.segment.seal is not None or self.segment.corruption is not None:
             self.schedule()
 
     def nack(self, consumer: Consumer, positions: Sequence[int]) -> None:
@@ -321,7 +336,7 @@ class Dispatcher:
         more = False
         key_shared = self.keyed
         stop = False
-        while not stop and self.next_read <= seg.visible_position:
+        while not stop and self.next_read <= seg.servable_position:
             if budget <= 0:
                 more = True
                 break
@@ -358,8 +373,8 @@ class Dispatcher:
                 self.on_out(msgs, nbytes)
         if more:
             self.schedule()
-        if seg.seal is not None:
-            for c in self.consumers:
+        if seg.seal is not None or seg.corruption is not None:
+            for c in list(self.consumers):
                 self._check_end(c)
 
     def _check_end(self, consumer: Consumer) -> None:
@@ -367,6 +382,27 @@ class Dispatcher:
         if seal is not None and not consumer.eos_sent and self.segment.drained(self.cursor):
             consumer.eos_sent = True
             consumer.sink.end_of_segment(seal.last_position)
+            return
+        corruption = self.segment.corruption
+        if (
+            corruption is not None
+            and not consumer.eos_sent
+            and not consumer.corruption_sent
+            and not consumer.pending
+            and self.next_read >= corruption.position
+            and not self._parked_for(consumer)
+        ):
+            # Everything before the damage was delivered and acknowledged: say why nothing
+            # more comes instead of leaving the consumer waiting.
+            consumer.corruption_sent = True
+            consumer.sink.corrupted(corruption)
+
+    def _parked_for(self, consumer: Consumer) -> bool:
+        """Entries parked for redelivery that could still go to ``consumer``."""
+        if not self.keyed:
+            return bool(self.lanes)
+        owned = consumer.buckets or frozenset()
+        return any(lane == UNKEYED_LANE or lane in owned for lane in self.lanes)
 
     # --- stats ---------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Writes a segment's rates to ``Segment.status.load`` (DESIGN §4): the broker's only API write.
+"""Writes a segment's rates to ``Segment.status.load`` (DESIGN §4) and a quarantined segment's
+corruption to ``Segment.status.corruption``: the broker's only API writes.
 
 Wrapped in ``load.ThresholdReporter`` it patches only when a rate moved by more than 25 % since
 the last write, so a steady segment costs no API writes, and the write's ``updatedAt`` is the
@@ -44,6 +45,24 @@ class KubernetesLoadReporter:
 
     async def write(self, namespace: str, topic: str, segment_id: int, rates: SegmentRates) -> None:
         body = {"status": {"load": {**rates.to_status(), "updatedAt": format_time(self.clock())}}}
+        if await self._patch_status(namespace, topic, segment_id, body, "load"):
+            self.writes += 1
+
+    async def write_corruption(
+        self, namespace: str, topic: str, segment_id: int, corruption: dict[str, Any] | None
+    ) -> None:
+        """``status.corruption`` = ``{position, file, offset, reason, source, detectedAt}`` of a
+        quarantined segment; None removes it (merge patch) once an operator truncated it."""
+        value: dict[str, Any] | None = None
+        if corruption is not None:
+            value = {**corruption, "detectedAt": format_time(float(corruption["detectedAt"]))}
+        body = {"status": {"corruption": value}}
+        await self._patch_status(namespace, topic, segment_id, body, "corruption")
+
+    async def _patch_status(
+        self, namespace: str, topic: str, segment_id: int, body: dict[str, Any], what: str
+    ) -> bool:
+        """False when the Segment resource does not exist (a broker used without the operator)."""
         try:
             await self.custom.patch_namespaced_custom_object_status(
                 GROUP,
@@ -57,11 +76,12 @@ class KubernetesLoadReporter:
         except ApiException as exc:
             if exc.status == 404:
                 log.info(
-                    "segment %s/%s-%d has no Segment resource; load not reported",
+                    "segment %s/%s-%d has no Segment resource; %s not reported",
                     namespace,
                     topic,
                     segment_id,
+                    what,
                 )
-                return
+                return False
             raise
-        self.writes += 1
+        return True

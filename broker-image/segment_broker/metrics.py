@@ -59,6 +59,12 @@ class _SegmentCollector(Collector):
         log_bytes = GaugeMetricFamily(
             "segment_broker_log_bytes", "Bytes in the segment's log files", labels=_SEG_LABELS
         )
+        corrupt = GaugeMetricFamily(
+            "segment_broker_corrupt_segments",
+            "Segments quarantined because their log is corrupted (appends refused until an "
+            "operator truncates them)",
+        )
+        corrupt_count = 0
         counters = {
             name: CounterMetricFamily(f"segment_broker_{name}", doc, labels=_SEG_LABELS)
             for name, doc in (
@@ -82,6 +88,8 @@ class _SegmentCollector(Collector):
             sealed.add_metric(labels, 1 if seg.sealed else 0)
             last.add_metric(labels, seg.visible_position)
             log_bytes.add_metric(labels, seg.log.total_bytes)
+            if seg.corruption is not None:
+                corrupt_count += 1
             for name, value in (
                 ("produced_entries", seg.entries_in),
                 ("produced_messages", seg.messages_in),
@@ -98,6 +106,8 @@ class _SegmentCollector(Collector):
         yield sealed
         yield last
         yield log_bytes
+        corrupt.add_metric([], corrupt_count)
+        yield corrupt
         yield from counters.values()
 
 
@@ -121,7 +131,19 @@ class BrokerMetrics:
         )
         self.torn_tail_truncations = Counter(
             "segment_broker_torn_tail_truncations_total",
-            "Log files truncated at recovery because their tail was torn or corrupt",
+            "Log files truncated at recovery because their tail was torn by a crash (damage "
+            "with nothing intact after it)",
+            registry=self.registry,
+        )
+        self.corruptions = Counter(
+            "segment_broker_corruptions_total",
+            "Segments found corrupted and quarantined, by who found it: recovery or a read",
+            ["source"],
+            registry=self.registry,
+        )
+        self.corruption_truncations = Counter(
+            "segment_broker_corruption_truncations_total",
+            "Corrupted segments truncated by an operator's admin call (acknowledged loss)",
             registry=self.registry,
         )
         self.connections = Counter(

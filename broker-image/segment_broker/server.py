@@ -24,12 +24,15 @@ from scalable_topics.core import wire
 from scalable_topics.core.wire import WireError
 
 from .config import BrokerConfig
+from .corruption import CorruptionReporter
 from .dispatch import Consumer, Dispatcher, DispatchError
 from .load import LoadTracker
 from .metrics import BrokerMetrics
 from .storage.cursor import SubscriptionType
+from .storage.log import Corruption
 from .storage.segment import (
     Retention,
+    SegmentCorruptedError,
     SegmentGoneError,
     SegmentNotWritableError,
     SegmentSealedError,
@@ -50,6 +53,7 @@ _ERROR_STATUS = {
     "SegmentNotFound": 404,
     "SubscriptionNotFound": 404,
     "Conflict": 409,
+    "SegmentCorrupted": 409,
     "StorageError": 500,
     "NotReady": 503,
 }
@@ -66,11 +70,19 @@ def json_error(code: str, message: str, status: int | None = None) -> web.Respon
 class _Closing(Exception):
     """Internal: stop serving a connection with a close code and an error frame."""
 
-    def __init__(self, kind: str, code: str, message: str, close_code: int) -> None:
+    def __init__(
+        self,
+        kind: str,
+        code: str,
+        message: str,
+        close_code: int,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.code = code
         self.close_code = close_code
+        self.extra = extra or {}
 
 
 def _close_reason(message: str) -> bytes:
@@ -81,6 +93,18 @@ def _close_reason(message: str) -> bytes:
 
 def _protocol(kind: str, message: str) -> _Closing:
     return _Closing(kind, wire.ERR_PROTOCOL, message, wire.CLOSE_PROTOCOL_ERROR)
+
+
+def _corrupted(corruption: Corruption) -> _Closing:
+    """``ERROR SegmentCorrupted {position}``, close 4010: the segment is quarantined."""
+    return _Closing(
+        "corrupted",
+        wire.ERR_SEGMENT_CORRUPTED,
+        f"segment corrupted at position {corruption.position} ({corruption.reason}); it is "
+        "quarantined until an operator truncates it",
+        wire.CLOSE_SEGMENT_CORRUPTED,
+        {"position": corruption.position},
+    )
 
 
 def _not_writable() -> _Closing:
@@ -125,6 +149,7 @@ class Broker:
         *,
         metrics: BrokerMetrics | None = None,
         tracker: LoadTracker | None = None,
+        corruption_reporter: CorruptionReporter | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics or BrokerMetrics()
@@ -140,6 +165,7 @@ class Broker:
             ),
             self.metrics,
             tracker,
+            corruption_reporter,
         )
         self.metrics.watch_segments(lambda: self.store)
         self.auth = TokenAuth(Path(config.admin_token_file)) if config.admin_token_file else None
@@ -179,6 +205,7 @@ class Broker:
         r.add_delete(seg, self.delete_segment)
         r.add_post(seg + "/terminate", self.terminate_segment)
         r.add_post(seg + "/activate", self.activate_segment)
+        r.add_post(seg + "/truncate", self.truncate_segment)
         r.add_put(seg + "/subscriptions/{subscription}", self.create_subscription)
         r.add_delete(seg + "/subscriptions/{subscription}", self.delete_subscription)
         r.add_get("/ws/v1/produce/{namespace}/{topic}/{segment_id}", self.produce)
@@ -206,6 +233,11 @@ class Broker:
                     "status": "ready",
                     "segments": len(self.store.segments),
                     "unrecoverable": self.store.unrecoverable,
+                    "corrupted": {
+                        h.segment.name: h.segment.corruption.to_json()
+                        for h in self.store
+                        if h.segment.corruption is not None
+                    },
                 }
             )
         return web.json_response({"status": "not ready"}, status=503)
@@ -241,6 +273,8 @@ class Broker:
             return json_error("SegmentNotFound", str(exc))
         except ConflictError as exc:
             return json_error("Conflict", str(exc))
+        except SegmentCorruptedError as exc:
+            return json_error("SegmentCorrupted", str(exc))
         except (ValueError, KeyError, TypeError) as exc:
             return json_error(
                 "BadRequest", str(exc) if not isinstance(exc, KeyError) else f"missing field {exc}"
@@ -326,6 +360,29 @@ class Broker:
 
         return await self._admin(request, action)
 
+    async def truncate_segment(self, request: web.Request) -> web.Response:
+        async def action() -> web.Response:
+            body = await self._body(request)
+            position = _int(body, "position")
+            acknowledge = body.get("acknowledgeLoss")
+            if not isinstance(acknowledge, str):
+                raise ValueError("acknowledgeLoss must be the segment's <namespace>/<topic>/<id>")
+            hosted, report = await self.store.truncate(
+                *self._segment_key(request), position, acknowledge
+            )
+            return web.json_response(
+                {
+                    **self._summary(hosted),
+                    "truncated": {
+                        "position": report.position,
+                        "droppedBytes": report.dropped_bytes,
+                        "droppedFiles": report.dropped_files,
+                    },
+                }
+            )
+
+        return await self._admin(request, action)
+
     async def create_subscription(self, request: web.Request) -> web.Response:
         async def action() -> web.Response:
             hosted = self._hosted(request)
@@ -367,6 +424,7 @@ class Broker:
             "sealed": seg.sealed,
             "writable": seg.writable,
             "lastPosition": seg.visible_position,
+            "corruption": seg.corruption.to_json() if seg.corruption is not None else None,
         }
 
     def _stats(self, hosted: HostedSegment) -> dict[str, Any]:
@@ -478,6 +536,8 @@ class _Connection:
         self.version = wire.PROTOCOL_VERSION
         self.hosted: HostedSegment | None = None
         self._close: tuple[str, str, int] | None = None
+        self._close_extra: dict[str, Any] = {}
+        """More fields of the closing ERROR frame (e.g. ``position`` of SegmentCorrupted)."""
         self._reader: asyncio.Task[Any] | None = None
 
     def send(self, frame: bytes) -> None:
@@ -561,7 +621,7 @@ class _Connection:
                 code, message, close_code = self._close
                 await self._flush_out()
                 with contextlib.suppress(Exception):
-                    await self.ws.send_bytes(wire.encode_error(code, message))
+                    await self.ws.send_bytes(wire.encode_error(code, message, **self._close_extra))
                     await self.ws.close(code=close_code, message=_close_reason(message))
             if writer is not None:
                 writer.cancel()
@@ -587,7 +647,7 @@ class _Connection:
         if self.ws.closed:
             return
         with contextlib.suppress(Exception):
-            await self.ws.send_bytes(wire.encode_error(exc.code, str(exc)))
+            await self.ws.send_bytes(wire.encode_error(exc.code, str(exc), **exc.extra))
             await self.ws.close(code=exc.close_code, message=_close_reason(str(exc)))
 
     async def _writer(self) -> None:
@@ -660,6 +720,8 @@ class ProducerConnection(_Connection):
         controller opens the children, and waiting here saves them a reconnect."""
         assert self.hosted is not None
         seg = self.hosted.segment
+        if seg.corruption is not None and not seg.sealed:
+            raise _corrupted(seg.corruption)
         if seg.writable or seg.sealed:
             return
         try:
@@ -755,6 +817,11 @@ class ProducerConnection(_Connection):
                 return
             except SegmentNotWritableError:
                 raise _not_writable() from None
+            except SegmentCorruptedError:
+                # Like a seal: what was staged before is acknowledged, then ERROR and close.
+                self.refused = True
+                self.out_event.set()
+                return
             except SegmentGoneError:
                 raise _Closing(
                     "segment_gone",
@@ -820,6 +887,12 @@ class ProducerConnection(_Connection):
             self.inflight_bytes -= freed
             if self.inflight_bytes <= self.window:
                 self.window_open.set()
+        if self.refused and seg.seal is None and seg.corruption is not None:
+            if not unacked and self._close is None:
+                closing = _corrupted(seg.corruption)
+                self._close_extra = closing.extra
+                self._close = (closing.code, str(closing), closing.close_code)
+            return
         if (self.refused or seg.seal is not None) and not unacked and self._close is None:
             if seg.seal is None:
                 if not self._waiting_for_seal:
@@ -883,8 +956,13 @@ class ConsumerConnection(_Connection):
                     "buckets": meta.buckets,
                     "subscriptionType": disp.type.value,
                     "ackFloor": disp.cursor.ack_floor,
-                    "lastPosition": seg.visible_position,
+                    "lastPosition": seg.servable_position,
                     "sealed": seg.seal is not None,
+                    **(
+                        {"corruption": seg.corruption.to_json()}
+                        if seg.corruption is not None
+                        else {}
+                    ),
                 },
             )
         )
@@ -913,6 +991,11 @@ class ConsumerConnection(_Connection):
 
     def end_of_segment(self, last_position: int) -> None:
         self.send(wire.encode_end_of_segment(last_position))
+
+    def corrupted(self, corruption: Corruption) -> None:
+        closing = _corrupted(corruption)
+        self._close_extra = closing.extra
+        self.close_soon(closing.code, str(closing), closing.close_code)
 
     def _on_frame(self, data: bytes) -> None:
         disp = self.dispatcher

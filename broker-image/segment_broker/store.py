@@ -14,10 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalable_topics.core import wire
+
+from .corruption import CorruptionReporter, CorruptionStatus
 from .dispatch import Dispatcher
 from .load import LoadTracker, SegmentLoad
 from .metrics import BrokerMetrics
 from .storage.cursor import SubscriptionType
+from .storage.log import Corruption, TruncateReport
 from .storage.segment import Retention, Segment, SegmentMeta, StorageSettings
 
 log = logging.getLogger(__name__)
@@ -98,6 +102,7 @@ class SegmentStore:
         settings: StorageSettings,
         metrics: BrokerMetrics,
         tracker: LoadTracker | None = None,
+        corruption_reporter: CorruptionReporter | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.settings = settings
@@ -109,6 +114,9 @@ class SegmentStore:
         self._sampler: asyncio.Task[None] | None = None
         self.unrecoverable: dict[str, str] = {}
         self.cache_budget = settings.cache_bytes
+        self.corruption_status = (
+            CorruptionStatus(corruption_reporter) if corruption_reporter is not None else None
+        )
 
     async def _sample_loop(self) -> None:
         while True:
@@ -190,7 +198,92 @@ class SegmentStore:
             hosted.add_dispatcher(name)
         self.segments[(meta.namespace, meta.topic, meta.segment_id)] = hosted
         self._share_cache()
+        seg.corruption_listeners.add(functools.partial(self._quarantined, hosted))
+        if report.corruption is not None:
+            self._quarantined(hosted, report.corruption)
         return hosted
+
+    def _quarantined(self, hosted: HostedSegment, corruption: Corruption) -> None:
+        """Make a corrupted segment loud: ERROR log, metric, ``Segment.status.corruption``;
+        consumers that reached the damage are told (see ``Dispatcher``)."""
+        seg = hosted.segment
+        meta = seg.meta
+        log.error(
+            "segment %s is corrupted at position %d (%s offset %d: %s; found by %s): "
+            "quarantined, appends, seal and retention refused, positions from %d on not served, "
+            "its files kept as they are; docs/operations.md says how to recover",
+            seg.name,
+            corruption.position,
+            corruption.file,
+            corruption.offset,
+            corruption.reason,
+            corruption.source,
+            corruption.position,
+            extra={"event": "segment_corrupted", "segment": seg.name, **corruption.to_json()},
+        )
+        self.metrics.corruptions.labels(corruption.source).inc()
+        for disp in hosted.dispatchers.values():
+            disp.schedule()
+        if self.corruption_status is not None:
+            self.corruption_status.set(
+                (meta.namespace, meta.topic, meta.segment_id), corruption.to_json()
+            )
+
+    async def truncate(
+        self, namespace: str, topic: str, segment_id: int, position: int, acknowledge_loss: str
+    ) -> tuple[HostedSegment, TruncateReport]:
+        """An operator's way out of a quarantine: cut the corrupted segment's log at the
+        damaged position, losing every entry from there on, and serve it again. The loss must
+        be acknowledged by naming the segment (``<namespace>/<topic>/<id>``); ``position`` must
+        be the one the quarantine reports (so a stale request cannot cut elsewhere)."""
+        name = f"{namespace}/{topic}/{segment_id}"
+        if acknowledge_loss != name:
+            raise ValueError(
+                f"acknowledgeLoss must name the segment whose entries are lost: {name!r}"
+            )
+        key = (namespace, topic, segment_id)
+        async with self._lock(key):
+            hosted = self.get(namespace, topic, segment_id)
+            seg = hosted.segment
+            corruption = seg.corruption
+            if corruption is None:
+                raise ConflictError(f"segment {name} is not corrupted; nothing to truncate")
+            if position != corruption.position:
+                raise ConflictError(
+                    f"segment {name} is corrupted at position {corruption.position}, not "
+                    f"{position}; truncate it there"
+                )
+            del self.segments[key]
+            for sub in list(hosted.dispatchers):
+                hosted.remove_dispatcher(sub)
+            for conn in list(hosted.connections):
+                conn.close_soon("GoingAway", "segment truncated", wire.CLOSE_GOING_AWAY)
+            try:
+                report = await seg.truncate(position)
+            finally:
+                # Served again in any case: cut and healthy, or still quarantined if the
+                # truncation failed half-way (it can be repeated).
+                hosted = await self._host(seg.directory, seg.meta)
+            lost = corruption.to_json()
+            log.warning(
+                "segment %s truncated at position %d by an operator who acknowledged the loss: "
+                "%d bytes and %d later file(s) removed; it accepts appends again",
+                name,
+                position,
+                report.dropped_bytes,
+                len(report.dropped_files),
+                extra={
+                    "event": "segment_truncated",
+                    "segment": seg.name,
+                    "droppedBytes": report.dropped_bytes,
+                    "droppedFiles": report.dropped_files,
+                    "corruption": lost,
+                },
+            )
+            self.metrics.corruption_truncations.inc()
+            if self.corruption_status is not None and hosted.segment.corruption is None:
+                self.corruption_status.set(key, None)
+            return hosted, report
 
     def _share_cache(self) -> None:
         """Split the process-wide cache budget evenly among the hosted segments."""
@@ -316,6 +409,8 @@ class SegmentStore:
     async def close(self) -> None:
         if self._sampler is not None:
             self._sampler.cancel()
+        if self.corruption_status is not None:
+            await self.corruption_status.close()
         for hosted in list(self.segments.values()):
             for disp in hosted.dispatchers.values():
                 disp.close()

@@ -21,6 +21,7 @@ from scalable_topics.core import wire
 from scalable_topics.core.wire import Message
 from segment_broker.dispatch import Consumer, Dispatcher, DispatchError
 from segment_broker.storage.cursor import Cursor, SubscriptionType
+from segment_broker.storage.log import Corruption
 from segment_broker.storage.segment import Segment, SegmentMeta, StorageSettings
 
 BUCKETS = 4
@@ -37,6 +38,9 @@ class Sink:
 
     def end_of_segment(self, last_position: int) -> None:
         self.eos = last_position
+
+    def corrupted(self, corruption: Corruption) -> None:
+        raise AssertionError(f"the segment is not corrupted: {corruption}")
 
 
 @pytest.fixture(scope="module")
