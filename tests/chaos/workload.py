@@ -292,7 +292,7 @@ class ReadingConsumer(Protocol):
 
     def ack_nowait(self, message: Message) -> None: ...
 
-    async def close(self) -> None: ...
+    async def close(self, *, unregister: bool = True) -> None: ...
 
 
 @dataclass
@@ -379,7 +379,7 @@ class ConsumerRunner:
             if leave and self._leave is not None:
                 await self._leave(consumer)
             else:
-                await consumer.close()
+                await consumer.close(unregister=False)
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -121,7 +121,7 @@ class Worker:
                 await task
         if consumer is not None:
             self.releases += consumer.releases
-            await consumer.close()
+            await consumer.close(unregister=False)
 
 
 def _coordinator(env: TopicEnv) -> QueueCoordinator:

@@ -24,6 +24,10 @@ consumer's when it has handed out everything up to the sealed segment's last pos
 Iterating (``async for msg in consumer``) yields :class:`Message` objects from all the segments
 being read; messages of one segment (of one bucket, for a queue consumer) come in position
 order.
+
+**Leaving.** ``close()`` is a clean leave: the readers detach from the brokers, then the consumer
+unregisters, and the controller hands what it held to the others at once. Only a consumer that
+vanishes (socket dropped without ``unregister``) keeps its assignment for the grace period.
 """
 
 from __future__ import annotations
@@ -42,9 +46,11 @@ import aiohttp
 from scalable_topics.core import sessions as proto
 from scalable_topics.core import wire
 
-from .dag import Backoff, DagWatcher, http_url, ws_url
+from .dag import Backoff, DagWatcher, TopicNotFoundError, http_url, ws_url
 from .model import Checkpoint, Message, decode_key
 from .segment import (
+    CLOSE_TIMEOUT,
+    WS_TIMEOUT,
     AdminError,
     ConnectionClosedError,
     ReceivedEntry,
@@ -52,6 +58,7 @@ from .segment import (
     SegmentConsumer,
     SegmentError,
     SegmentNotFoundError,
+    close_websocket,
 )
 
 __all__ = [
@@ -59,6 +66,7 @@ __all__ = [
     "ConsumerClosedError",
     "ConsumerError",
     "ConsumerOptions",
+    "ConsumerTopicNotFoundError",
     "QueueConsumer",
     "StreamConsumer",
 ]
@@ -86,6 +94,22 @@ class ConsumerError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
+
+
+class ConsumerTopicNotFoundError(ConsumerError, TopicNotFoundError):
+    """The consumer's topic is unknown or was deleted: a :class:`ConsumerError` (code
+    ``UnknownTopic``) that is also the :class:`TopicNotFoundError` a producer of the topic
+    raises, with the same message."""
+
+    def __init__(self, message: str, *, deleted: bool = False) -> None:
+        TopicNotFoundError.__init__(self, message, deleted=deleted)
+        self.code = proto.ErrorCode.UNKNOWN_TOPIC.value
+
+
+def _session_error(code: str, message: str) -> ConsumerError:
+    if code in (proto.ErrorCode.UNKNOWN_TOPIC.value, str(int(proto.CloseCode.UNKNOWN_TOPIC))):
+        return ConsumerTopicNotFoundError(message, deleted=True)
+    return ConsumerError(code, message)
 
 
 class ConsumerClosedError(Exception):
@@ -276,7 +300,11 @@ class _ConsumerBase:
         )
         await self._watcher.start()
         self._watcher.add_listener(self._on_dag)
+        self._watcher.add_failure_listener(self._on_topic_gone)
         return self._watcher
+
+    def _on_topic_gone(self, error: TopicNotFoundError) -> None:
+        self._fail(ConsumerTopicNotFoundError(error.message, deleted=error.deleted))
 
     def _on_dag(self, dag: proto.DagMessage) -> None:
         """A newer DAG arrived (broker URLs may have changed)."""
@@ -370,7 +398,7 @@ class _ConsumerBase:
             retry_after: float | None = None
             try:
                 async with self._session.ws_connect(
-                    target, heartbeat=self._heartbeat, max_msg_size=64 << 20
+                    target, heartbeat=self._heartbeat, max_msg_size=64 << 20, timeout=WS_TIMEOUT
                 ) as ws:
                     self._ws = ws
                     self.controller_sessions += 1
@@ -391,7 +419,12 @@ class _ConsumerBase:
                             self._on_error(message)
                     code = ws.close_code
                     if code in _FATAL_CLOSES and self._fatal is None and not self._closed:
-                        self._fail(ConsumerError(str(code), "controller closed the session"))
+                        reason = (
+                            f"topic {self.namespace}/{self.topic} was deleted"
+                            if code == proto.CloseCode.UNKNOWN_TOPIC
+                            else "controller closed the session"
+                        )
+                        self._fail(_session_error(str(code), reason))
             except aiohttp.WSServerHandshakeError as exc:
                 location = exc.headers.get("Location") if exc.headers else None
                 if exc.status in (307, 308) and location:
@@ -419,7 +452,7 @@ class _ConsumerBase:
 
     def _on_error(self, message: proto.ErrorMessage) -> None:
         if message.fatal and message.code in _FATAL_CODES:
-            self._fail(ConsumerError(message.code.value, message.message))
+            self._fail(_session_error(message.code.value, message.message))
         else:
             log.info("controller refused a report: %s: %s", message.code, message.message)
 
@@ -611,28 +644,44 @@ class _ConsumerBase:
 
     # -- closing ----------------------------------------------------------------------------------
 
-    async def close(self, *, unregister: bool = False) -> None:
-        """Stop reading. ``unregister=True`` gives the assignment to the other consumers at
-        once; otherwise the controller holds it for the grace period (a restart under the same
-        name gets it back)."""
-        if unregister and self._ws is not None and not self._ws.closed:
-            with contextlib.suppress(Exception):
-                await self._ws.send_str(proto.encode(proto.UnregisterMessage()))
-        if self._ws is not None:
-            with contextlib.suppress(Exception):
-                await self._ws.close()
+    async def close(self, *, unregister: bool = True) -> None:
+        """Stop reading and leave: what this consumer held goes to the other consumers of the
+        subscription at once.
+
+        The readers detach from the brokers first (sending the last acknowledgements), then
+        the controller is told (``unregister``), so the next owner attaches without waiting for
+        this one to let go, and reads from the last acknowledgement. ``unregister=False`` only
+        closes the socket: the controller holds the assignment for the grace period, as for a
+        consumer that vanished, and a restart under the same name gets it back (if the
+        controller session is down at that moment, that is what happens anyway).
+
+        Bounded whatever the peers do (about a second), also when cancelled.
+        """
+        if self._closed:
+            return
         self._closed = True
         self._delivery.not_empty.set()
+        readers = [r.task for r in self._readers.values() if r.task is not None]
         for reader in list(self._readers.values()):
             self._stop_reader(reader)
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self._watcher is not None:
-            await self._watcher.close()
-        if self._own_session and self._session is not None:
-            await self._session.close()
+        try:
+            await asyncio.gather(*readers, return_exceptions=True)
+            ws = self._ws
+            if ws is not None and not ws.closed:
+                if unregister:
+                    message = proto.encode(proto.UnregisterMessage())
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(ws.send_str(message), CLOSE_TIMEOUT)
+                await close_websocket(ws)
+        finally:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._watcher is not None:
+                await self._watcher.close()
+            if self._own_session and self._session is not None:
+                await self._session.close()
 
     async def __aenter__(self) -> Self:
         await self.start()
