@@ -148,7 +148,7 @@ async def test_second_local_up_is_refused_and_a_dead_holder_is_taken_over(
         started = time.monotonic()
         helped = await _stopic("local", "up", "--help")
         startup = (await _exit_within(helped, started))[1]
-        for command in (("local", "up"), ("local", "reset")):
+        for command in (("local", "up"), ("demo",), ("local", "reset")):
             started = time.monotonic()
             second = await _stopic(*command, "--data-dir", str(data))
             code, took, err = await _exit_within(second, started)

@@ -1,15 +1,31 @@
 """``stopic demo`` (``make run``): the whole system on the embedded control plane, under load.
 
-1. start the embedded control plane (API server + local kubelet) in ``--data-dir``;
+1. start the embedded control plane (API server + local kubelet) in ``--data-dir``, through
+   the same data-directory lock as ``stopic local up``: a second demo or control plane on the
+   directory is refused at once (exit status ``EXIT_IN_USE``) and the first is left untouched;
 2. ``kubectl apply`` the CRDs and ``manifests/overlays/local`` (operator replicas, 3 brokers,
-   recommender CronJob) and wait for them;
-3. ``kubectl apply`` ``manifests/examples/orders.yaml`` and wait for ``Ready``;
+   recommender CronJob) and wait for them; print the operator's URL;
+3. bring ``orders`` (``manifests/examples/orders.yaml``) to its initial shape and wait for
+   ``Ready``; print the commands to watch it from another terminal;
 4. drive it: a producer ramps up until the topic splits on load, stream consumers join until a
    consumer-count split, then the load stops until neighbours merge;
-5. print the DAG each time it changes, and how to look at it with kubectl.
+5. print the DAG each time it changes.
 
-Ctrl-C ends it cleanly at any point: clients close, every process the cluster started is
-stopped.
+**Start state.** The data directory keeps everything across runs, so the demo may find the
+topic of an earlier run: split, merged, in the middle of an operation, being deleted, with its
+segments and their messages. Each phase waits for the *next* epoch rather than a fixed one, but
+whether a phase can succeed at all depends on the shape it starts from (the producer's ramp
+splits two segments, not eight; consumers cannot force a split at ``maxSegments``; a merge needs
+more than ``minSegments``). Rather than guess a plan for every shape, the demo deletes a topic
+that is not in its initial shape (epoch 0, ``initialSegments`` active, no operation) and waits
+until the operator has deleted it and its segments before applying it again: the same three
+phases then work every time. A topic already in its initial shape is reused.
+
+**Progress.** Every wait says what it waits for at least every ``PROGRESS_EVERY`` seconds, with
+the state it has reached, read from the real status (``demo_progress``).
+
+Ctrl-C ends it within 2 s at any point: clients get ``CLIENT_STOP_TIMEOUT`` to close, pods
+``DEFAULT_STOP_GRACE`` between SIGTERM and SIGKILL; a second Ctrl-C stops waiting for either.
 """
 
 from __future__ import annotations
@@ -29,15 +45,34 @@ from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
-from ..core.resources import GROUP, TOPIC_PLURAL, VERSION
+from ..core.resources import (
+    GROUP,
+    LABEL_TOPIC,
+    SEGMENT_PLURAL,
+    TOPIC_PLURAL,
+    VERSION,
+    ScalableTopicSpec,
+)
 from ..kubeapi import api_client
+from ..localcluster.datadir import EXIT_IN_USE, DataDirInUse, running
+from . import demo_progress
+from .local import DEFAULT_STOP_GRACE, shell_setup
 from .topics import dag_text
 
 NAMESPACE = "default"
 TOPIC = "orders"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=scalable-topics-operator"
 OPERATOR_NAMESPACE = "scalable-topics"
-CLIENT_STOP_TIMEOUT = 20.0
+BROKER_SELECTOR = "app.kubernetes.io/name=segment-broker"
+CLIENT_STOP_TIMEOUT = 0.5
+"""On Ctrl-C, how long clients get to close their sessions before they are cancelled."""
+PROGRESS_EVERY = 5.0
+"""Longest silence while waiting: a progress line at least this often (seconds)."""
+POLL = 0.5
+SETUP_TIMEOUT = 180.0
+MAX_RATE = 1500.0
+RAMP_STEP, RAMP_EVERY = 100.0, 5.0
+CONSUMER_EVERY = 8.0
 
 
 def repo_root() -> Path:
@@ -50,12 +85,20 @@ def repo_root() -> Path:
 
 
 class Demo:
-    def __init__(self, data_dir: Path, *, phase_timeout: float) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        phase_timeout: float,
+        progress_every: float = PROGRESS_EVERY,
+        kubeconfig: Path | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.phase_timeout = phase_timeout
+        self.progress_every = progress_every
         self.root = repo_root()
         self.stop = asyncio.Event()
-        self.kubeconfig = data_dir / "kubeconfig"
+        self.kubeconfig = kubeconfig or data_dir / "kubeconfig"
         self.sent = 0
         self.acked = 0
         self.consumed = 0
@@ -76,57 +119,196 @@ class Demo:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
-        out, _ = await proc.communicate()
+        try:
+            out, _ = await proc.communicate()
+        except asyncio.CancelledError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise
         text = out.decode(errors="replace")
         if check and proc.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)} failed:\n{text}")
         return text
 
-    async def until(
-        self, what: str, predicate: Callable[[], Awaitable[bool]], within: float
+    async def wait_for(
+        self,
+        what: str,
+        done: Callable[[], Awaitable[bool]],
+        within: float,
+        detail: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
-        deadline = time.monotonic() + within
+        """Poll ``done`` until it is true, saying what it waits for (and ``detail()``, the
+        state reached) at least every ``progress_every`` seconds.
+
+        ``RuntimeError`` after ``within`` seconds, ``asyncio.CancelledError`` on Ctrl-C.
+        """
+        started = time.monotonic()
+        next_report = started + self.progress_every
         while not self.stop.is_set():
-            if await predicate():
+            if await done():
                 return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"timed out after {within:.0f}s waiting for {what}")
-            await self.pause(0.5)
+            now = time.monotonic()
+            if now - started > within or now >= next_report:
+                line = demo_progress.progress_line(
+                    what, await self._detail(detail), now - started, within
+                )
+                if now - started > within:
+                    raise RuntimeError(f"timed out: {line}")
+                self.say(line)
+                next_report = now + self.progress_every
+            await self.pause(min(POLL, max(0.0, next_report - time.monotonic())))
         raise asyncio.CancelledError
+
+    @staticmethod
+    async def _detail(detail: Callable[[], Awaitable[str]] | None) -> str:
+        if detail is None:
+            return ""
+        try:
+            return await detail()
+        except Exception as exc:  # the line must not end the demo: say what failed instead
+            return f"status unavailable ({type(exc).__name__}: {exc})"
 
     async def pause(self, seconds: float) -> None:
         """Sleep, cut short by Ctrl-C."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop.wait(), seconds)
 
-    # -- set-up --------------------------------------------------------------------------------
+    # -- reading the cluster -------------------------------------------------------------------
 
     async def operator_url(self, api: k8s.ApiClient) -> str:
         pods = await k8s.CoreV1Api(api).list_namespaced_pod(
             OPERATOR_NAMESPACE, label_selector=OPERATOR_SELECTOR
         )
         for pod in pods.items:
-            ready = any(
-                c.type == "Ready" and c.status == "True" for c in pod.status.conditions or []
-            )
             ports = [
                 p.container_port
                 for c in pod.spec.containers
                 for p in c.ports or []
                 if p.name == "http"
             ]
-            if ready and pod.status.pod_ip and ports:
+            if _pod_ready(pod) and pod.status.pod_ip and ports:
                 return f"http://{pod.status.pod_ip}:{ports[0]}"
         return ""
 
-    async def topic(self, api: k8s.ApiClient) -> dict[str, Any]:
-        result: dict[str, Any] = await k8s.CustomObjectsApi(api).get_namespaced_custom_object(
-            GROUP, VERSION, NAMESPACE, TOPIC_PLURAL, TOPIC
+    async def stack_state(self, api: k8s.ApiClient) -> tuple[int, int, int, int]:
+        """Ready and wanted brokers, ready and wanted operator replicas."""
+        core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
+        brokers = await core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=BROKER_SELECTOR)
+        operators = await core.list_namespaced_pod(
+            OPERATOR_NAMESPACE, label_selector=OPERATOR_SELECTOR
         )
+        sts = await apps.read_namespaced_stateful_set("segment-broker", OPERATOR_NAMESPACE)
+        deploy = await apps.read_namespaced_deployment(
+            "scalable-topics-operator", OPERATOR_NAMESPACE
+        )
+        return (
+            sum(_pod_ready(p) for p in brokers.items),
+            int(sts.spec.replicas or 0),
+            sum(_pod_ready(p) for p in operators.items),
+            int(deploy.spec.replicas or 0),
+        )
+
+    async def topic_or_none(self, api: k8s.ApiClient) -> dict[str, Any] | None:
+        try:
+            result: dict[str, Any] = await k8s.CustomObjectsApi(api).get_namespaced_custom_object(
+                GROUP, VERSION, NAMESPACE, TOPIC_PLURAL, TOPIC
+            )
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
         return result
+
+    async def topic(self, api: k8s.ApiClient) -> dict[str, Any]:
+        topic = await self.topic_or_none(api)
+        if topic is None:
+            raise RuntimeError(f"topic {NAMESPACE}/{TOPIC} was deleted")
+        return topic
+
+    async def segments(self, api: k8s.ApiClient) -> list[dict[str, Any]]:
+        listed = await k8s.CustomObjectsApi(api).list_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, SEGMENT_PLURAL, label_selector=f"{LABEL_TOPIC}={TOPIC}"
+        )
+        items: list[dict[str, Any]] = listed.get("items") or []
+        return items
 
     async def epoch(self, api: k8s.ApiClient) -> int:
         return int(((await self.topic(api)).get("status") or {}).get("epoch") or 0)
+
+    async def status_line(
+        self, api: k8s.ApiClient, explain: demo_progress.Explain, prefix: str = ""
+    ) -> str:
+        topic = await self.topic(api)
+        policy = ScalableTopicSpec.model_validate(topic.get("spec") or {}).policy()
+        return prefix + explain(await self.segments(api), policy, topic, time.time())
+
+    # -- set-up --------------------------------------------------------------------------------
+
+    async def start_stack(self, api: k8s.ApiClient) -> str:
+        """Apply the CRDs and the local overlay; wait for the brokers and an operator; return
+        the operator's URL."""
+        await self.kubectl("apply", "-f", str(self.root / "crds"))
+        await self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=30s")
+        await self.kubectl("apply", "-k", str(self.root / "manifests/overlays/local"))
+
+        async def ready() -> bool:
+            brokers, want, operators, _ = await self.stack_state(api)
+            return (
+                want > 0
+                and brokers >= want
+                and operators > 0
+                and bool(await self.operator_url(api))
+            )
+
+        async def detail() -> str:
+            brokers, want, operators, want_ops = await self.stack_state(api)
+            return f"brokers ready {brokers}/{want}, operator replicas ready {operators}/{want_ops}"
+
+        await self.wait_for("the brokers and an operator", ready, SETUP_TIMEOUT, detail)
+        return await self.operator_url(api)
+
+    async def fresh_topic(self, api: k8s.ApiClient) -> None:
+        """Bring ``orders`` to its initial shape (see the module docstring) and wait for Ready."""
+        manifest = self.root / "manifests/examples/orders.yaml"
+        topic = await self.topic_or_none(api)
+        if topic is not None:
+            shape = demo_progress.leftover_shape(topic)
+            if shape:
+                self.say(
+                    f"topic {TOPIC} is left from an earlier run ({shape}): deleting it and its "
+                    "segments so the demo starts from its initial shape"
+                )
+                await self.kubectl(
+                    "delete",
+                    "-n",
+                    NAMESPACE,
+                    f"stopic/{TOPIC}",
+                    "--wait=false",
+                    "--ignore-not-found",
+                )
+
+                async def gone() -> bool:
+                    return await self.topic_or_none(api) is None and not await self.segments(api)
+
+                async def left() -> str:
+                    present = "present" if await self.topic_or_none(api) else "gone"
+                    return f"topic {present}, {len(await self.segments(api))} segment(s) left"
+
+                await self.wait_for(
+                    f"the operator to delete the old {TOPIC}", gone, SETUP_TIMEOUT, left
+                )
+        await self.kubectl("apply", "-n", NAMESPACE, "-f", str(manifest))
+
+        async def ready() -> bool:
+            current = await self.topic_or_none(api)
+            return current is not None and demo_progress.is_ready(current)
+
+        async def condition() -> str:
+            current = await self.topic_or_none(api)
+            return demo_progress.ready_detail(current) if current else "not created yet"
+
+        await self.wait_for(f"topic {TOPIC} to be Ready", ready, SETUP_TIMEOUT, condition)
 
     # -- the show ------------------------------------------------------------------------------
 
@@ -191,87 +373,110 @@ class Demo:
     async def run(self) -> int:
         from ..localcluster.cluster import LocalCluster
 
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.say(f"starting the embedded control plane in {self.data_dir}")
-        async with LocalCluster(self.data_dir, kubelet=True) as cluster:
+        async with LocalCluster(
+            self.data_dir, kubelet=True, stop_grace=DEFAULT_STOP_GRACE
+        ) as cluster:
             self.kubeconfig = Path(cluster.kubeconfig)
+            self.say(f"API server {cluster.url}, kubeconfig {self.kubeconfig}")
             api = await api_client(str(self.kubeconfig))
+            show = asyncio.create_task(self._show(api))
+            stopped = asyncio.create_task(self.stop.wait())
             try:
-                return await self._show(api)
+                await asyncio.wait({show, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if not show.done():
+                    # Ctrl-C: the show winds its clients down itself; a kubectl call it is in
+                    # the middle of is not worth waiting for.
+                    await asyncio.wait({show}, timeout=CLIENT_STOP_TIMEOUT + 0.2)
+                    show.cancel()
+                return await show
             finally:
-                await api.close()
+                stopped.cancel()
+                show.cancel()
+                await asyncio.gather(show, stopped, return_exceptions=True)
                 self.say("stopping clients and the embedded control plane")
+                await api.close()
+
+    def next_steps(self, service_url: str) -> None:
+        self.say(f"operator: {service_url} (the URL the client SDK takes, docs/client.md)")
+        self.say(f"topic {TOPIC} is Ready. In another terminal:")
+        commands = [
+            *shell_setup(self.kubeconfig),
+            f"kubectl get stopic,seg -n {NAMESPACE}",
+            f"kubectl describe stopic {TOPIC}",
+            f"kubectl stopic dag {TOPIC} --watch",
+        ]
+        print("\n".join(f"    {c}" for c in commands), flush=True)
 
     async def _show(self, api: k8s.ApiClient) -> int:
-        await self.kubectl("apply", "-f", str(self.root / "crds"))
-        await self.kubectl("apply", "-k", str(self.root / "manifests/overlays/local"))
-        self.say("waiting for the operator and 3 brokers")
-        await self.kubectl(
-            "rollout",
-            "status",
-            "-n",
-            OPERATOR_NAMESPACE,
-            "statefulset/segment-broker",
-            "--timeout=180s",
-        )
-        await self.until("a ready operator", lambda: _truthy(self.operator_url(api)), 180)
-        service_url = await self.operator_url(api)
-        await self.kubectl(
-            "apply", "-n", NAMESPACE, "-f", str(self.root / "manifests/examples/orders.yaml")
-        )
-        await self.kubectl(
-            "wait", "-n", NAMESPACE, "--for=condition=Ready", f"stopic/{TOPIC}", "--timeout=120s"
-        )
-        self.say("topic orders is Ready. In another terminal:")
-        print(
-            f"    export KUBECONFIG={self.kubeconfig}\n"
-            f"    kubectl get stopic,seg -n {NAMESPACE}\n"
-            f"    kubectl describe stopic {TOPIC}\n"
-            f"    kubectl stopic dag {TOPIC} --watch",
-            flush=True,
-        )
+        self.say("applying the CRDs and manifests/overlays/local (operator and 3 brokers)")
+        service_url = await self.start_stack(api)
+        await self.fresh_topic(api)
+        self.next_steps(service_url)
 
         watcher = asyncio.create_task(self.watch_dag(api))
         producer = asyncio.create_task(self.produce(service_url))
         consumers: list[tuple[asyncio.Task[None], asyncio.Event]] = []
         try:
-            start = await self.epoch(api)
             self.say("phase 1: ramping the producer up until the topic splits on load")
-            deadline = time.monotonic() + self.phase_timeout
-            while await self.epoch(api) == start:
-                if self.stop.is_set():
-                    return 0
-                if time.monotonic() > deadline:
-                    raise RuntimeError("no load-driven split within the phase timeout")
-                self.rate = min(self.rate + 100.0, 1500.0)
-                self.say(f"  producing {self.rate:.0f} msg/s")
-                await self.pause(5)
+            start = await self.epoch(api)
+            next_ramp = time.monotonic()
+
+            async def split_on_load() -> bool:
+                nonlocal next_ramp
+                if await self.epoch(api) != start:
+                    return True
+                if time.monotonic() >= next_ramp:
+                    self.rate = min(self.rate + RAMP_STEP, MAX_RATE)
+                    next_ramp += RAMP_EVERY
+                return False
+
+            await self.wait_for(
+                "a split on load",
+                split_on_load,
+                self.phase_timeout,
+                lambda: self.status_line(
+                    api, demo_progress.split_progress, f"producing {self.rate:.0f} msg/s; "
+                ),
+            )
 
             self.say("phase 2: adding stream consumers until a consumer-count split")
             start = await self.epoch(api)
-            deadline = time.monotonic() + self.phase_timeout
-            while await self.epoch(api) == start:
-                if self.stop.is_set():
-                    return 0
-                if time.monotonic() > deadline:
-                    raise RuntimeError("no consumer-count split within the phase timeout")
-                event = asyncio.Event()
-                name = f"billing-{len(consumers) + 1}"
-                consumers.append(
-                    (asyncio.create_task(self.consume(service_url, name, event)), event)
-                )
-                self.say(f"  stream consumer {name} joined ({len(consumers)} now)")
-                await self.pause(8)
+            next_consumer = time.monotonic()
+
+            async def split_on_consumers() -> bool:
+                nonlocal next_consumer
+                if await self.epoch(api) != start:
+                    return True
+                if time.monotonic() >= next_consumer:
+                    event = asyncio.Event()
+                    name = f"billing-{len(consumers) + 1}"
+                    task = asyncio.create_task(self.consume(service_url, name, event))
+                    consumers.append((task, event))
+                    self.say(f"  stream consumer {name} joined ({len(consumers)} now)")
+                    next_consumer += CONSUMER_EVERY
+                return False
+
+            await self.wait_for(
+                "a consumer-count split",
+                split_on_consumers,
+                self.phase_timeout,
+                lambda: self.status_line(api, demo_progress.consumer_split_progress),
+            )
 
             self.say("phase 3: load off and consumers gone until cold neighbours merge")
             self.rate = 0.0
-            for task, event in consumers:
-                event.set()
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(task, 10)
+            await self._stop_clients([], consumers)
             start = await self.epoch(api)
-            await self.until(
-                "a merge", lambda: _changed(self.epoch(api), start), self.phase_timeout + 300
+
+            async def merged() -> bool:
+                return await self.epoch(api) != start
+
+            await self.wait_for(
+                "a merge",
+                merged,
+                self.phase_timeout,
+                lambda: self.status_line(api, demo_progress.merge_progress),
             )
             self.say(
                 "demo complete: split on load, split on consumers, merged when cold. "
@@ -280,45 +485,59 @@ class Demo:
             await self.stop.wait()
             return 0
         finally:
-            # Clients stop on their own (closing their sessions); cancelling is the fallback.
             self.stop.set()
-            for _, event in consumers:
-                event.set()
-            tasks = [watcher, producer, *(t for t, _ in consumers)]
-            _, late = await asyncio.wait(tasks, timeout=CLIENT_STOP_TIMEOUT)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._stop_clients([watcher, producer], consumers)
+
+    @staticmethod
+    async def _stop_clients(
+        tasks: list[asyncio.Task[None]],
+        consumers: list[tuple[asyncio.Task[None], asyncio.Event]],
+    ) -> None:
+        """Clients stop on their own (closing their sessions) within ``CLIENT_STOP_TIMEOUT``,
+        all at once; cancelling is the fallback."""
+        for _, event in consumers:
+            event.set()
+        everything = [*tasks, *(t for t, _ in consumers)]
+        if not everything:
+            return
+        _, late = await asyncio.wait(everything, timeout=CLIENT_STOP_TIMEOUT)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*everything, return_exceptions=True)
 
 
-async def _truthy(value: Awaitable[str]) -> bool:
-    return bool(await value)
-
-
-async def _changed(value: Awaitable[int], start: int) -> bool:
-    return await value != start
+def _pod_ready(pod: Any) -> bool:
+    conditions = (pod.status.conditions if pod.status else None) or []
+    deleting = pod.metadata.deletion_timestamp is not None
+    return not deleting and any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    demo = Demo(Path(args.data_dir).resolve(), phase_timeout=args.phase_timeout)
+    data_dir = Path(args.data_dir).resolve()
+    holder = running(data_dir)
+    if holder is not None:  # LocalCluster.start() would refuse too, after a second of set-up
+        print(f"stopic: {DataDirInUse(data_dir, holder)}", file=sys.stderr)
+        return EXIT_IN_USE
+    demo = Demo(data_dir, phase_timeout=args.phase_timeout)
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, demo.stop.set)
         task = asyncio.create_task(demo.run())
-        stopper = asyncio.create_task(demo.stop.wait())
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            # Ctrl-C: the demo winds its clients down itself; cancel only if that hangs.
-            await asyncio.wait({task}, timeout=CLIENT_STOP_TIMEOUT + 10)
-        stopper.cancel()
-        if not task.done():
-            task.cancel()
+
+        def interrupt() -> None:
+            if demo.stop.is_set():
+                task.cancel()  # a second Ctrl-C: stop waiting for clients and pods
+            demo.stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, interrupt)
         try:
             return await task
         except asyncio.CancelledError:
             return 0 if demo.stop.is_set() else 130
+        except DataDirInUse as exc:
+            print(f"stopic: {exc}", file=sys.stderr)
+            return EXIT_IN_USE
         except RuntimeError as exc:
             print(f"stopic demo: {exc}", file=sys.stderr)
             return 1
@@ -328,7 +547,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    demo = sub.add_parser("demo", help="run the live demo on the embedded control plane")
-    demo.add_argument("--data-dir", default=".local/run")
-    demo.add_argument("--phase-timeout", type=float, default=300.0)
+    demo = sub.add_parser(
+        "demo",
+        help="run the live demo on the embedded control plane (what `make run` runs)",
+        description="Start the embedded control plane, the operator and 3 brokers, then split "
+        "the example topic `orders` on load and on consumers and merge it when cold. Ctrl-C "
+        f"ends it. Exits with status {EXIT_IN_USE} at once if a control plane already runs on "
+        "--data-dir.",
+    )
+    demo.add_argument(
+        "--data-dir",
+        default=".local/run",
+        metavar="DIR",
+        help="the control plane's state (kept across runs; `stopic local reset --data-dir DIR` "
+        "clears it). Default: .local/run",
+    )
+    demo.add_argument(
+        "--phase-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="give up (exit status 1) when a phase - split on load, split on consumers, "
+        "merge when cold - has not happened within this time. Default: 300",
+    )
     demo.set_defaults(func=cmd_demo)

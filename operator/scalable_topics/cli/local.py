@@ -26,7 +26,7 @@ from ..localcluster.datadir import (
     running,
 )
 
-DEFAULT_STOP_GRACE = 1.0
+DEFAULT_STOP_GRACE = 0.5
 """Seconds the pods get between SIGTERM and SIGKILL when the control plane stops, so that
 Ctrl-C ends ``local up`` and the demo within 2 s (brokers and the operator are crash-safe)."""
 
