@@ -33,6 +33,7 @@ from .autoscale import AutoScaler
 from .brokers import BrokerAdmin
 from .cache import TopicCache, layout_of
 from .consumers import ConsumerHub
+from .corruption import corruption_changed
 from .kube import Body, KubeApi
 from .leadership import ShardLeadership
 from .leases import ElectionTimings
@@ -306,7 +307,15 @@ class Controller:
                 if topic and key in self.cache.topics and self.leadership.leads(*key):
                     self.queue.add(key)
             else:
+                meta = body["metadata"]
+                owner = (meta.get("labels") or {}).get(LABEL_TOPIC) or body["spec"].get("topic")
+                key = (meta["namespace"], str(owner))
+                before = self.cache.segments.get(key, {}).get(int(body["spec"]["segmentId"]))
                 self.cache.put_segment(body)
+                # A broker quarantined the segment or an operator repaired it: the topic's
+                # conditions say so (the cache alone triggers no pass).
+                if owner and corruption_changed(before, body) and self.leadership.leads(*key):
+                    self.queue.add(key)
 
         @kopf.on.event("", "v1", "pods", labels={broker_key: broker_value}, registry=registry)
         async def broker_pod_event(event: kopf.RawEvent, **_: Any) -> None:

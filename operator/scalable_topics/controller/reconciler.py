@@ -46,6 +46,7 @@ from ..core.retention import RetentionRule, SegmentDrains, drains_from_stats, ne
 from . import metrics
 from .brokers import BrokerAdmin
 from .cache import TopicCache, layout_of, recorded_broker
+from .corruption import corrupted_segments
 from .kube import Body, KubeApi
 from .protocol import NoBrokerAvailable, OperationExecutor, OperationRejected
 from .status import TopicGone, update_topic_status
@@ -247,6 +248,9 @@ class TopicReconciler:
         topic = await self._manual_request(topic, layout)
         layout = layout_of(topic) or layout
         topic, layout, look_again = await self._retain(topic, layout, spec)
+        problem = corrupted_segments(self.cache.segments.get((namespace, name), {}).values()) or (
+            problem
+        )
         previous = get_condition((topic.get("status") or {}).get("conditions"), ConditionType.READY)
         topic = await self._write_status(topic, layout, problem)
         if problem and (

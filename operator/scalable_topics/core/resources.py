@@ -362,6 +362,7 @@ class Reason:
     NOT_SUPPORTED = "NotSupported"
     BROKERS_UNAVAILABLE = "BrokersUnavailable"
     LAYOUT_INVALID = "LayoutInvalid"
+    SEGMENT_CORRUPTED = "SegmentCorrupted"
     LAYOUT_LOST = "LayoutLost"
     # Reconciling
     CREATING = "Creating"
@@ -1135,10 +1136,27 @@ class SegmentLoad(_Status):
     updated_at: Timestamp | None = Field(None, description="When the sample was taken.")
 
 
+class SegmentCorruption(_Status):
+    """Written by the owning broker when it quarantined the segment: its log is damaged, it
+    takes no writes, and consumers get nothing from ``position`` on (docs/operations.md)."""
+
+    position: int = Field(ge=0, description="First position not served: the damaged record's.")
+    file: str = Field(description="Log file holding the damaged record.")
+    offset: int = Field(ge=0, description="Byte offset of the damaged record in that file.")
+    reason: str = Field(description="What is damaged, e.g. checksum mismatch.")
+    source: str = Field(description="Who found it: recovery (at start) or read.")
+    detected_at: Timestamp | None = Field(None, description="When the broker found it.")
+
+
 class SegmentStatus(_Status):
     state: SegmentPhase = Field(SegmentPhase.PENDING, description="Pending, Active or Sealed.")
     broker: BrokerRef | None = Field(None, description="Where the segment lives.")
     load: SegmentLoad | None = Field(None, description="Latest load sample.")
+    corruption: SegmentCorruption | None = Field(
+        None,
+        description="Set by the broker while the segment is quarantined for a damaged log; "
+        "removed when an operator truncated it.",
+    )
     backlog: dict[str, int] = Field(
         default_factory=dict, description="Unconsumed entries per subscription."
     )
