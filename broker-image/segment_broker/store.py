@@ -21,6 +21,7 @@ from .dispatch import Dispatcher
 from .load import LoadTracker, SegmentLoad
 from .metrics import BrokerMetrics
 from .storage.cursor import SubscriptionType
+from .storage.fsutil import atomic_write_json, fsync_dir
 from .storage.log import Corruption, TruncateReport
 from .storage.segment import Retention, Segment, SegmentMeta, StorageSettings
 
@@ -31,6 +32,9 @@ SEGMENT_KEY = tuple[str, str, int]
 MAX_BUCKETS = 1024
 RATE_SAMPLES = 11
 MIN_CACHE_BYTES = 1024 * 1024
+QUARANTINE_FILE = "quarantined.json"
+"""Next to a quarantined segment's log: a later start that finds it intact (a truncate, or a
+good copy of the file put back) clears ``Segment.status.corruption``."""
 
 
 class ConflictError(Exception):
@@ -39,6 +43,21 @@ class ConflictError(Exception):
 
 class NotFoundError(Exception):
     pass
+
+
+def _marker_written(name: str, fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("%s: writing %s failed: %s", name, QUARANTINE_FILE, fut.exception())
+
+
+def _forget_quarantine(directory: Path) -> bool:
+    """Remove the quarantine marker; True when there was one."""
+    path = directory / QUARANTINE_FILE
+    if not path.exists():
+        return False
+    path.unlink()
+    fsync_dir(directory)
+    return True
 
 
 def validate_name(kind: str, value: str) -> str:
@@ -201,6 +220,16 @@ class SegmentStore:
         seg.corruption_listeners.add(functools.partial(self._quarantined, hosted))
         if report.corruption is not None:
             self._quarantined(hosted, report.corruption)
+        elif await asyncio.get_running_loop().run_in_executor(
+            self.executor, _forget_quarantine, directory
+        ):
+            log.warning(
+                "segment %s was quarantined and is intact now: it accepts appends again",
+                seg.name,
+                extra={"event": "segment_quarantine_lifted", "segment": seg.name},
+            )
+            if self.corruption_status is not None:
+                self.corruption_status.set((meta.namespace, meta.topic, meta.segment_id), None)
         return hosted
 
     def _quarantined(self, hosted: HostedSegment, corruption: Corruption) -> None:
@@ -224,6 +253,10 @@ class SegmentStore:
         self.metrics.corruptions.labels(corruption.source).inc()
         for disp in hosted.dispatchers.values():
             disp.schedule()
+        marker = asyncio.get_running_loop().run_in_executor(
+            self.executor, atomic_write_json, seg.directory / QUARANTINE_FILE, corruption.to_json()
+        )
+        marker.add_done_callback(functools.partial(_marker_written, seg.name))
         if self.corruption_status is not None:
             self.corruption_status.set(
                 (meta.namespace, meta.topic, meta.segment_id), corruption.to_json()
@@ -281,8 +314,6 @@ class SegmentStore:
                 },
             )
             self.metrics.corruption_truncations.inc()
-            if self.corruption_status is not None and hosted.segment.corruption is None:
-                self.corruption_status.set(key, None)
             return hosted, report
 
     def _share_cache(self) -> None:

@@ -200,3 +200,37 @@ async def test_a_flipped_bit_quarantines_its_segment_and_the_broker_serves_the_o
         assert tail == [(BAD, b"after")]
     finally:
         broker.terminate()
+
+
+async def test_a_good_copy_put_back_lifts_the_quarantine_at_the_next_start(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    broker = BrokerProcess(data)
+    broker.start()
+    try:
+        await broker.wait_ready()
+        async with SegmentAdmin(broker.url) as admin:
+            await admin.create_segment(NS, TOPIC, 0, 0, 0xFFFF, subscriptions={"audit": "Queue"})
+        await _produce(broker.url, 0, _values(50))
+        broker.terminate()
+        (log_file,) = (data / NS / TOPIC / "0000-ffff-0").glob("log-*.log")
+        good = log_file.read_bytes()
+        raw = bytearray(good)
+        raw[len(raw) // 2] ^= 0x01
+        log_file.write_bytes(bytes(raw))
+
+        broker.start()
+        await broker.wait_ready()
+        name = f"{NS}/{TOPIC}/0000-ffff-0"
+        assert name in (await _get(broker.url + "/readyz"))["corrupted"]
+        assert (data / NS / TOPIC / "0000-ffff-0" / "quarantined.json").exists()
+        broker.terminate()
+
+        log_file.write_bytes(good)  # the backup
+        broker.start()
+        await broker.wait_ready()
+        assert (await _get(broker.url + "/readyz"))["corrupted"] == {}
+        assert f"segment {name} was quarantined and is intact now" in broker.logs()
+        assert not (data / NS / TOPIC / "0000-ffff-0" / "quarantined.json").exists()
+        assert await _produce(broker.url, 0, [b"again"]) == [50]
+    finally:
+        broker.terminate()
