@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -253,3 +254,39 @@ def test_a_group_of_zombies_is_not_alive() -> None:
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_container_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """``kill -9`` of the control plane must not leave its containers running: they run in
+    sessions of their own, so only the parent-death signal ends them."""
+    import subprocess
+
+    starter = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from scalable_topics.localcluster.processes import ManagedProcess, ProcessSpec\n"
+        "async def main():\n"
+        "    p = ManagedProcess(ProcessSpec(['sleep', '300'], {}, Path(sys.argv[1])))\n"
+        "    await p.start()\n"
+        "    print(p.pid, flush=True)\n"
+        "    await asyncio.sleep(300)\n"
+        "asyncio.run(main())\n"
+    )
+    kubelet = subprocess.Popen(
+        [sys.executable, "-c", starter, str(tmp_path / "c.log")], stdout=subprocess.PIPE, text=True
+    )
+    assert kubelet.stdout is not None
+    container = int(kubelet.stdout.readline())
+    try:
+        assert pid_alive(container)
+        kubelet.kill()
+        kubelet.wait()
+        deadline = time.monotonic() + 10
+        while pid_alive(container):
+            assert time.monotonic() < deadline, "the container outlived its kubelet"
+            time.sleep(0.01)
+    finally:
+        kubelet.kill()
+        kubelet.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(container, signal.SIGKILL)

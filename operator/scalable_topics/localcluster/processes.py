@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import enum
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,6 +87,43 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+_prctl = _load_prctl()
+
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking the kernel to SIGKILL the container's process when the process
+    that started it dies, however it dies (Linux; elsewhere ``None``).
+
+    Containers run in sessions of their own, so nothing else ends them when the control plane
+    is killed (``kill -9``, a crash): they kept their ports and volumes, and the next start on
+    the data directory crash-looped its pods against them. Only the container's main process
+    is covered: a child of its own that outlives it is not.
+    """
+    prctl = _prctl
+    if prctl is None:
+        return None
+
+    def request() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(128 + signal.SIGKILL)
+
+    return request
+
+
 class ManagedProcess:
     """One run of a process in its own process group, output appended to a log file."""
 
@@ -112,6 +151,7 @@ class ManagedProcess:
                 env=dict(self.spec.env),
                 cwd=None if self.spec.cwd is None else str(self.spec.cwd),
                 start_new_session=True,
+                preexec_fn=_die_with(os.getpid()),
             )
         finally:
             os.close(out)
