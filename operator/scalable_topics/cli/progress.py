@@ -1,10 +1,13 @@
 """A one-line progress indicator on stderr (spinner, label, elapsed time) for long waits.
 
 It draws only on a terminal; in a pipe or CI log it prints the label once and the outcome.
+The outcome is what the caller reports with :meth:`Progress.finish` (e.g. ``Rejected``), else
+``failed`` when the block raised (``interrupted`` on Ctrl-C) and ``done`` when it did not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import sys
 import time
@@ -12,6 +15,7 @@ from types import TracebackType
 from typing import TextIO
 
 _FRAMES = "|/-\\"
+_INTERRUPTS = (asyncio.CancelledError, KeyboardInterrupt)
 
 
 class Progress:
@@ -22,6 +26,7 @@ class Progress:
         self._frames = itertools.cycle(_FRAMES)
         self._started = time.monotonic()
         self._detail = ""
+        self._outcome: str | None = None
 
     def __enter__(self) -> Progress:
         if not self.tty:
@@ -34,6 +39,10 @@ class Progress:
             print(f"  {detail}", file=self.stream, flush=True)
         self._detail = detail
         self._draw()
+
+    def finish(self, outcome: str) -> None:
+        """The outcome to report on exit, instead of ``done``."""
+        self._outcome = outcome
 
     def _draw(self) -> None:
         if self.tty:
@@ -49,7 +58,12 @@ class Progress:
         tb: TracebackType | None,
     ) -> None:
         elapsed = time.monotonic() - self._started
-        outcome = "failed" if exc_type else "done"
+        if exc_type is not None and issubclass(exc_type, _INTERRUPTS):
+            outcome = "interrupted"
+        elif exc_type is not None:
+            outcome = "failed"
+        else:
+            outcome = self._outcome or "done"
         if self.tty:
             self.stream.write("\r" + " " * 120 + "\r")
         print(f"{self.label}: {outcome} in {elapsed:.1f}s", file=self.stream, flush=True)

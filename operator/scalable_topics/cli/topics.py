@@ -2,7 +2,8 @@
 
 ``split`` and ``merge`` write the ``scalabletopics.io/request`` annotation with a fresh id and
 wait until the leader reports that id in ``status.lastRequest``, so the command's exit code is
-the operation's outcome.
+the operation's outcome. The segments named are checked against the topic's DAG first: a
+segment that is not in it is reported without writing a request.
 """
 
 from __future__ import annotations
@@ -16,54 +17,42 @@ import uuid
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..core.dagview import render_dag
 from ..core.layout import SegmentLayout
 from ..core.resources import ANNOTATION_REQUEST, GROUP, LABEL_TOPIC, SEGMENT_PLURAL, TOPIC_PLURAL
 from ..core.resources import VERSION as API_VERSION
-from ..kubeapi import KubeconfigError, api_client
+from . import args as cli_args
+from .errors import CliError, NotFoundError
+from .kube import call, kube_api, read_topic
 from .progress import Progress
 
+__all__ = ["CliError", "add_parsers", "dag_text", "request"]
+
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
-
-
-class CliError(Exception):
-    """A failure worth one clear line on stderr and a non-zero exit."""
-
-
-async def _api(kubeconfig: str | None) -> k8s.ApiClient:
-    try:
-        return await api_client(kubeconfig)
-    except KubeconfigError as exc:
-        raise CliError(str(exc)) from None
-
-
-async def _topic(custom: k8s.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any]:
-    try:
-        result: dict[str, Any] = await custom.get_namespaced_custom_object(
-            GROUP, API_VERSION, namespace, TOPIC_PLURAL, name
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            raise CliError(f"scalabletopic {namespace}/{name} not found") from None
-        raise CliError(f"reading scalabletopic {namespace}/{name}: {exc.reason}") from None
-    return result
 
 
 def _layout(topic: dict[str, Any]) -> SegmentLayout:
     raw = (topic.get("status") or {}).get("layout")
     if not raw:
-        raise CliError("the topic has no layout yet (is the operator running?)")
+        meta = topic.get("metadata") or {}
+        raise CliError(
+            f"scalabletopic {meta.get('namespace')}/{meta.get('name')} has no layout yet "
+            "(is the operator running? see kubectl describe stopic)"
+        )
     return SegmentLayout.from_metadata(raw)
 
 
 async def dag_text(api: k8s.ApiClient, namespace: str, name: str) -> str:
     custom = k8s.CustomObjectsApi(api)
-    topic = await _topic(custom, namespace, name)
+    topic = await read_topic(api, namespace, name)
     layout = _layout(topic)
-    segments = await custom.list_namespaced_custom_object(
-        GROUP, API_VERSION, namespace, SEGMENT_PLURAL, label_selector=f"{LABEL_TOPIC}={name}"
+    segments = await call(
+        api,
+        f"listing the segments of {namespace}/{name}",
+        custom.list_namespaced_custom_object(
+            GROUP, API_VERSION, namespace, SEGMENT_PLURAL, label_selector=f"{LABEL_TOPIC}={name}"
+        ),
     )
     rates: dict[int, float] = {}
     backlog: dict[int, int] = {}
@@ -90,8 +79,7 @@ async def dag_text(api: k8s.ApiClient, namespace: str, name: str) -> str:
 
 
 async def cmd_dag(args: argparse.Namespace) -> int:
-    api = await _api(args.kubeconfig)
-    try:
+    async with kube_api(args.kubeconfig, args.request_timeout) as api:
         if not args.watch:
             print(await dag_text(api, args.namespace, args.topic))
             return 0
@@ -102,8 +90,19 @@ async def cmd_dag(args: argparse.Namespace) -> int:
                 print(f"--- {time.strftime('%H:%M:%S')}\n{text}", flush=True)
                 last = text
             await asyncio.sleep(args.interval)
-    finally:
-        await api.close()
+
+
+def _check_segments(topic: dict[str, Any], segments: list[int]) -> None:
+    layout = _layout(topic)
+    missing = [s for s in segments if s not in layout.segments]
+    if missing:
+        meta = topic.get("metadata") or {}
+        active = ", ".join(str(s.segment_id) for s in layout.active())
+        raise NotFoundError(
+            f"segment {', '.join(map(str, missing))} is not in the DAG of "
+            f"{meta.get('namespace')}/{meta.get('name')} (active segments: {active}; see "
+            "stopic dag)"
+        )
 
 
 async def request(
@@ -119,87 +118,119 @@ async def request(
     """Annotate the request and wait up to ``wait`` seconds for its outcome in
     ``status.lastRequest``."""
     custom = k8s.CustomObjectsApi(api)
-    await _topic(custom, namespace, name)
+    _check_segments(await read_topic(api, namespace, name), segments)
     request_id = f"cli-{uuid.uuid4().hex[:10]}"
     body: dict[str, Any] = {"id": request_id, "op": op, "segments": segments}
     if at is not None:
         body["at"] = at
     patch = {"metadata": {"annotations": {ANNOTATION_REQUEST: json.dumps(body)}}}
-    await custom.patch_namespaced_custom_object(
-        GROUP,
-        API_VERSION,
-        namespace,
-        TOPIC_PLURAL,
-        name,
-        patch,
-        **MERGE_PATCH,
+    await call(
+        api,
+        f"annotating scalabletopic {namespace}/{name}",
+        custom.patch_namespaced_custom_object(
+            GROUP, API_VERSION, namespace, TOPIC_PLURAL, name, patch, **MERGE_PATCH
+        ),
     )
     deadline = time.monotonic() + wait
     with Progress(f"{op} {segments} on {namespace}/{name}") as progress:
-        while time.monotonic() < deadline:
-            topic = await _topic(custom, namespace, name)
-            status = topic.get("status") or {}
-            last = status.get("lastRequest") or {}
-            if last.get("id") == request_id:
-                return dict(last)
-            operation = status.get("operation")
-            progress.update(
-                f"phase {operation['phase']}" if operation else "waiting for the leader"
+        try:
+            while time.monotonic() < deadline:
+                topic = await read_topic(api, namespace, name)
+                status = topic.get("status") or {}
+                last = status.get("lastRequest") or {}
+                if last.get("id") == request_id:
+                    progress.finish(str(last.get("result") or "done"))
+                    return dict(last)
+                operation = status.get("operation")
+                progress.update(
+                    f"phase {operation['phase']}" if operation else "waiting for the leader"
+                )
+                await asyncio.sleep(0.25)
+        except asyncio.CancelledError:
+            print(
+                f"stopic: request {request_id} stays on the topic and may still run "
+                f"(see kubectl describe stopic {name} -n {namespace})",
+                file=sys.stderr,
             )
-            await asyncio.sleep(0.25)
+            raise
+        progress.finish("no outcome yet")
     raise CliError(
-        f"no outcome for request {request_id} within {wait:.0f}s "
-        "(is the operator running? see `kubectl describe stopic`)"
+        f"no outcome for request {request_id} within {wait:g}s; it stays on the topic and may "
+        f"still run (is the operator running? see kubectl describe stopic {name} -n {namespace})"
     )
 
 
 async def cmd_split_or_merge(args: argparse.Namespace) -> int:
-    api = await _api(args.kubeconfig)
-    try:
+    async with kube_api(args.kubeconfig, args.request_timeout) as api:
         if args.command == "split":
-            segments = [args.segment]
-            at = int(args.at, 16) if args.at is not None else None
+            segments, at = [args.segment], args.at
         else:
-            segments = list(args.segments)
-            at = None
+            segments, at = list(args.segments), None
         outcome = await request(
             api, args.namespace, args.topic, args.command, segments, at, wait=args.timeout
         )
+        if outcome.get("result") != "Succeeded":
+            raise CliError(
+                f"{args.command} {outcome.get('result', 'failed').lower()}: "
+                f"{outcome.get('message') or 'no reason given'}"
+            )
         print(f"{outcome.get('result')}: {outcome.get('message')}")
-        if outcome.get("result") == "Succeeded":
-            print(await dag_text(api, args.namespace, args.topic))
-            return 0
-        return 1
-    finally:
-        await api.close()
+        print(await dag_text(api, args.namespace, args.topic))
+        return 0
+
+
+def _check_merge(args: argparse.Namespace) -> str | None:
+    if len(args.segments) < 2:
+        return "a merge needs two or more adjacent active segments, e.g. stopic merge TOPIC 2 3"
+    if len(set(args.segments)) != len(args.segments):
+        return f"segments {args.segments}: each segment can be named once"
+    return None
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     dag = sub.add_parser("dag", parents=[common], help="draw a topic's segment DAG")
-    dag.add_argument("topic")
+    dag.add_argument("topic", help="the ScalableTopic's name")
     dag.add_argument("--watch", "-w", action="store_true", help="redraw on every change")
-    dag.add_argument("--interval", type=float, default=1.0)
+    dag.add_argument(
+        "--interval",
+        type=cli_args.positive_float,
+        default=1.0,
+        help="with --watch: seconds between reads of the topic (default: %(default)g)",
+    )
     dag.set_defaults(afunc=cmd_dag)
 
-    split = sub.add_parser("split", parents=[common], help="split a segment (waits for the result)")
-    split.add_argument("topic")
-    split.add_argument("segment", type=int)
-    split.add_argument("--at", help="split point as 4 hex digits (default: the midpoint)")
-    split.add_argument("--timeout", type=float, default=60.0)
+    timeout = argparse.ArgumentParser(add_help=False)
+    timeout.add_argument(
+        "--timeout",
+        type=cli_args.positive_float,
+        default=60.0,
+        help="seconds to wait for the operator's outcome (default: %(default)g); the request "
+        "stays on the topic after that",
+    )
+    split = sub.add_parser(
+        "split", parents=[common, timeout], help="split a segment (waits for the result)"
+    )
+    split.add_argument("topic", help="the ScalableTopic's name")
+    split.add_argument(
+        "segment", type=cli_args.non_negative_int, help="id of the active segment to split"
+    )
+    split.add_argument(
+        "--at",
+        type=cli_args.hash_point,
+        help="split point as 4 hex digits, e.g. 4000 (default: the midpoint of the range)",
+    )
     split.set_defaults(afunc=cmd_split_or_merge)
 
-    merge = sub.add_parser("merge", parents=[common], help="merge adjacent segments")
-    merge.add_argument("topic")
-    merge.add_argument("segments", type=int, nargs="+")
-    merge.add_argument("--timeout", type=float, default=60.0)
-    merge.set_defaults(afunc=cmd_split_or_merge)
-
-
-def run_async(args: argparse.Namespace) -> int:
-    try:
-        return int(asyncio.run(args.afunc(args)))
-    except CliError as exc:
-        print(f"stopic: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    merge = sub.add_parser(
+        "merge",
+        parents=[common, timeout],
+        help="merge adjacent segments (waits for the result)",
+    )
+    merge.add_argument("topic", help="the ScalableTopic's name")
+    merge.add_argument(
+        "segments",
+        type=cli_args.non_negative_int,
+        nargs="+",
+        help="ids of two or more adjacent active segments",
+    )
+    merge.set_defaults(afunc=cmd_split_or_merge, check=_check_merge)
