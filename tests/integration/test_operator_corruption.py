@@ -12,9 +12,11 @@ import os
 import signal
 from pathlib import Path
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from scalable_topics.client import ScalableTopicProducer, SegmentCorruptedError
+from scalable_topics.client import ScalableTopicProducer, SegmentCorruptedError, StreamConsumer
 from scalable_topics.client.segment import SegmentAdmin, SegmentProducer
 from scalable_topics.core.hashing import segment_hash
 from scalable_topics.core.wire import Message
@@ -118,9 +120,25 @@ async def test_a_corrupted_segment_makes_the_topic_stalled_until_it_is_truncated
         (event,) = await eventually(warned, 30, "a SegmentCorrupted Warning event")
         assert f"position {BAD}" in event["message"]
 
-        # The SDK: a message for the quarantined segment fails at once, the other one is stored.
+        # The SDK: a stream consumer gets what comes before the damage and then waits, reattaching
+        # slowly; a message for the quarantined segment fails at once, the other one is stored.
         url = await service_url(stack)
-        async with ScalableTopicProducer(url, "default", TOPIC, linger_ms=0) as sdk:
+        async with (
+            StreamConsumer(url, "default", TOPIC, "billing", "reader") as reader,
+            ScalableTopicProducer(url, "default", TOPIC, linger_ms=0) as sdk,
+        ):
+            before: list[int] = []
+            async with asyncio.timeout(60):
+                while len(before) < BAD:
+                    message = await reader.receive()
+                    assert message.segment_id == 0
+                    before.append(message.position)
+                    await reader.ack(message)
+            assert before == list(range(BAD))
+            attaches = await consumer_attaches(broker_url)
+            await asyncio.sleep(3.0)  # a window to count reattachments in, not a wait for a state
+            assert await consumer_attaches(broker_url) - attaches <= 10, "no reattach storm"
+
             with pytest.raises(SegmentCorruptedError) as refused:
                 async with asyncio.timeout(15):
                     await sdk.send(b"lost?", key=_key_in(0, 0x7FFF))
@@ -140,3 +158,21 @@ async def test_a_corrupted_segment_makes_the_topic_stalled_until_it_is_truncated
             assert (condition_of(topic, "Stalled") or {}).get("status") == "False"
             again = await sdk.send(b"after", key=_key_in(0, 0x7FFF))
             assert (again.segment_id, again.position) == (0, BAD)
+            async with asyncio.timeout(60):
+                message = await reader.receive()
+                while message.segment_id != 0:  # "kept", on the other segment
+                    message = await reader.receive()
+            assert (message.position, message.value) == (BAD, b"after")
+
+
+async def consumer_attaches(broker_url: str) -> float:
+    """``segment_broker_connections_total{role="consumer"}`` of the broker."""
+    async with aiohttp.ClientSession() as session, session.get(broker_url + "/metrics") as resp:
+        text = await resp.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "segment_broker_connections_total" and sample.labels == {
+                "role": "consumer"
+            }:
+                return float(sample.value)
+    return 0.0

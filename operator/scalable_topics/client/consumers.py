@@ -56,6 +56,7 @@ from .segment import (
     ReceivedEntry,
     SegmentAdmin,
     SegmentConsumer,
+    SegmentCorruptedError,
     SegmentError,
     SegmentNotFoundError,
     close_websocket,
@@ -589,6 +590,8 @@ class _ConsumerBase:
 
     async def _read(self, reader: _Reader) -> None:
         backoff = Backoff(0.02, 2.0)
+        quarantined = False
+        """The segment said it is corrupted: reattach slowly until an operator repairs it."""
         try:
             while not reader.stopped and not reader.releasing and not self._closed:
                 try:
@@ -602,10 +605,18 @@ class _ConsumerBase:
                 reader.consumer = consumer
                 try:
                     done = await self._pump(reader, consumer)
+                except SegmentCorruptedError as exc:
+                    # Everything before the damage was delivered; nothing more comes until an
+                    # operator repairs the segment (the topic is Stalled with the reason).
+                    level = logging.DEBUG if quarantined else logging.ERROR
+                    log.log(level, "segment %d: %s; reattaching slowly", reader.segment_id, exc)
+                    quarantined = True
+                    done = False
                 except (ConnectionClosedError, SegmentError) as exc:
                     log.info(
                         "segment %d: connection lost (%s); reattaching", reader.segment_id, exc
                     )
+                    quarantined = False
                     done = False
                 finally:
                     reader.consumer = None
@@ -613,7 +624,8 @@ class _ConsumerBase:
                 if done:
                     await self._segment_done(reader)
                     return
-                backoff.reset()
+                if not quarantined:
+                    backoff.reset()
                 await backoff.sleep()
         except asyncio.CancelledError:
             raise
