@@ -75,7 +75,7 @@ async def probe(session: aiohttp.ClientSession, url: str, namespace: str, topic:
                 )
             return f"HTTP {response.status} {response.reason}"
     except TimeoutError:
-        return f"no answer within {PROBE_TIMEOUT:g}s"
+        return f"no answer in {PROBE_TIMEOUT:g}s"
     except aiohttp.InvalidURL:
         return "not a URL"
     except aiohttp.ClientConnectorError as exc:
