@@ -147,7 +147,11 @@ class _Sent:
             return
         self.acked += 1
         if self.verbose_ids:
-            print(f"{key or ''}\t{_format_id(future.result())}", flush=True)
+            try:
+                print(f"{key or ''}\t{_format_id(future.result())}", flush=True)
+            except BrokenPipeError:
+                self.verbose_ids = False
+                _stdout_gone()
 
     async def wait(self) -> None:
         if self.futures:
@@ -249,8 +253,10 @@ async def cmd_produce(args: argparse.Namespace) -> int:
             if running:
                 _report_produce(sent, time.monotonic() - started, interrupted)
     if sent.failed:
-        raise CliError(
-            f"{sent.failed} of {sent.sent} message(s) failed; the first: {sent.first_error}"
+        first = sent.first_error
+        mapped = sdk_error(first, what) if first is not None else None
+        raise (type(mapped) if mapped is not None else CliError)(
+            f"{sent.failed} of {sent.sent} message(s) failed; the first: {first}"
         )
     return 0
 
