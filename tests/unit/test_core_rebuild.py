@@ -21,6 +21,7 @@ from scalable_topics.core.rebuild import (
     orphans,
     rebuild_layout,
     record_from_segment,
+    request_after_rebuild,
     subscription_entries,
 )
 from scalable_topics.core.resources import SegmentPhase
@@ -560,4 +561,40 @@ def test_subscription_entries_keep_the_backlog_of_sealed_segments() -> None:
         "subscriptions": {"billing": {"drained": True}, "audit": {"drained": False}},
     }
     report = broker_report(stats, "p", "u")
-    assert (report.subscriptions, report.drained) == (frozenset({"billing", "audit"}), {"billing"})
+    assert report.subscriptions == {"billing", "audit"} and report.drained == {"billing"}
+
+
+# -- the request annotation ----------------------------------------------------------------------
+
+
+def test_a_request_runs_at_most_once_across_a_rebuild() -> None:
+    split = rebuild_layout(
+        [
+            record(0, 0, 0x7FFF),
+            record(1, 0x8000, 0xFFFF),
+            record(2, 0x8000, 0xBFFF, (1,), PENDING),
+            record(3, 0xC000, 0xFFFF, (1,), PENDING),
+        ]
+    ).operation
+    assert split is not None
+    now = "2024-01-01T00:00:00Z"
+    # The annotation names the interrupted split: it is that request, reported on commit.
+    same = '{"id": "r7", "op": "split", "segments": [1]}'
+    resumed, last = request_after_rebuild(same, split, now)
+    assert resumed is not None and resumed.request_id == "r7" and last is None
+    assert resumed.to_status()["requestId"] == "r7"
+    at = '{"id": "r7", "op": "split", "segments": [1], "at": 49151}'
+    assert request_after_rebuild(at, split, now)[0] == resumed
+    # Any other request: recorded as not run again.
+    for other, op in (
+        ('{"id": "r8", "op": "split", "segments": [0]}', split),
+        ('{"id": "r8", "op": "split", "segments": [1], "at": 40000}', split),
+        ('{"id": "r8", "op": "merge", "segments": [0, 1]}', None),
+    ):
+        kept, last = request_after_rebuild(other, op, now)
+        assert kept == op
+        assert last is not None
+        assert (last["id"], last["result"], last["completedAt"]) == ("r8", "Rejected", now)
+        assert "not run again" in last["message"] and "new id" in last["message"]
+    assert request_after_rebuild(None, split, now) == (split, None)
+    assert request_after_rebuild("{not json", None, now) == (None, None)

@@ -17,12 +17,18 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .layout import HashRange, SegmentInfo, SegmentLayout, SegmentState
 from .operation import ChildPlan, Operation, OperationKind
-from .resources import OperationSource, SegmentPhase
+from .resources import (
+    OperationSource,
+    RequestResult,
+    ResourceValidationError,
+    SegmentPhase,
+    parse_manual_request,
+)
 from .retention import drains_from_stats
 
 __all__ = [
@@ -35,6 +41,7 @@ __all__ = [
     "orphans",
     "rebuild_layout",
     "record_from_segment",
+    "request_after_rebuild",
     "subscription_entries",
 ]
 
@@ -545,3 +552,38 @@ def subscription_entries(
             }
         )
     return entries
+
+
+def request_after_rebuild(
+    annotation: str | None, operation: Operation | None, now: str
+) -> tuple[Operation | None, dict[str, Any] | None]:
+    """The manual request annotation of a topic whose status was rebuilt: whether it ran is
+    unknown (the status that recorded it is gone), and a request runs at most once. A request
+    that names the interrupted ``operation`` (same kind, parents and split point) is that
+    operation, reported when it commits; any other is returned as a ``lastRequest`` saying it is
+    not run again (apply it with a new id if it is still wanted). Returns the operation (with
+    the request's id when it is that request) and the ``lastRequest`` to record, if any."""
+    if not annotation:
+        return operation, None
+    try:
+        request = parse_manual_request(annotation)
+    except ResourceValidationError:
+        return operation, None  # never runs: the reconciler rejects it as for any topic
+    if operation is not None and operation.request_id == request.id:
+        return operation, None
+    if (
+        operation is not None
+        and operation.request_id is None
+        and request.op.value == operation.kind.value
+        and tuple(request.segments) == operation.parents
+        and request.at in (None, operation.at)
+    ):
+        return replace(operation, request_id=request.id), None
+    return operation, {
+        "id": request.id,
+        "op": request.op.value,
+        "result": RequestResult.REJECTED.value,
+        "message": "not run again: status.layout was lost and rebuilt, and whether this request "
+        "ran before is unknown; apply it with a new id if it is still wanted",
+        "completedAt": now,
+    }
