@@ -25,7 +25,7 @@ import aiohttp
 
 from scalable_topics.localcluster.cluster import LocalCluster
 from scalable_topics.localcluster.kubelet import Kubelet
-from scalable_topics.localcluster.restclient import PODS, Resource, RestClient
+from scalable_topics.localcluster.restclient import PODS, ApiError, Resource, RestClient
 from segment_broker.testing import free_port
 
 from .conftest import KubectlResult, run_kubectl
@@ -271,6 +271,22 @@ class Stack:
             return None
 
         return await eventually(ready, within, f"{namespace}/{name} Ready")
+
+    async def lose_status(self, name: str, namespace: str = "default") -> JsonObj:
+        """Replace the topic's status with an empty one (the status subresource), as a restore
+        from a backup without status does; returns the status it had."""
+        while True:
+            topic = await self.topic(name, namespace)
+            assert topic is not None, f"{namespace}/{name} not found"
+            try:
+                await self.api.request(
+                    "PUT", TOPICS.path(namespace, name, "status"), body={**topic, "status": {}}
+                )
+            except ApiError as exc:
+                if exc.status == 409:  # the operator wrote in between: read it again
+                    continue
+                raise
+            return dict(topic.get("status") or {})
 
     async def request(self, name: str, request: JsonObj, namespace: str = "default") -> None:
         await self.kubectl(

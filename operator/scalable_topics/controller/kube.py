@@ -180,6 +180,19 @@ class KubeApi:
         )
         return cast(Body, existing)
 
+    async def patch_segment(self, namespace: str, name: str, patch: Body) -> Body:
+        """JSON merge patch of a Segment's metadata (its owner, when a lost layout is rebuilt
+        for a re-created topic); a ``resourceVersion`` in the patch makes it a CAS."""
+        try:
+            return cast(
+                Body,
+                await self.custom.patch_namespaced_custom_object(
+                    GROUP, VERSION, namespace, SEGMENTS, name, patch, **MERGE_PATCH
+                ),
+            )
+        except ApiException as exc:
+            raise _translate(exc) from None
+
     async def patch_segment_status(self, namespace: str, name: str, status: Body) -> Body:
         try:
             return cast(

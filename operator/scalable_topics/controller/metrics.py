@@ -85,3 +85,10 @@ DRAIN_CHECKS = Counter(
     "Broker stats calls for sealed segments (drain and retention checks), by outcome",
     ("outcome",),
 )
+LAYOUT_REBUILDS = Counter(
+    "scalable_topic_layout_rebuilds_total",
+    "Topics found without status.layout that had Segments or broker data, by outcome: rebuilt "
+    "from the Segments, rebuilt with segments only a broker still had, or failed (Stalled, "
+    "LayoutLost; counted on every attempt)",
+    (*TOPIC_LABELS, "outcome"),
+)

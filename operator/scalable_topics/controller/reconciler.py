@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..brokeradmin import AdminError
@@ -22,6 +22,14 @@ from ..core.dagview import render_dag
 from ..core.layout import SegmentInfo, SegmentLayout
 from ..core.operation import Operation, plan_merge, plan_rebucket, plan_split
 from ..core.policy import AutoScalePolicy, format_duration
+from ..core.rebuild import (
+    BrokerReport,
+    orphans,
+    rebuild_layout,
+    record_from_segment,
+    request_after_rebuild,
+    subscription_entries,
+)
 from ..core.resources import (
     ANNOTATION_AUTOSCALE_POLICY,
     ANNOTATION_REQUEST,
@@ -49,6 +57,7 @@ from .cache import TopicCache, layout_of, recorded_broker
 from .corruption import corrupted_segments
 from .kube import Body, KubeApi
 from .protocol import NoBrokerAvailable, OperationExecutor, OperationRejected
+from .restore import BrokersUnanswered, adopt, broker_reports, write_missing_segments
 from .status import TopicGone, update_topic_status
 
 log = logging.getLogger(__name__)
@@ -112,6 +121,8 @@ class TopicReconciler:
         self.stats_round = 0
         self._observed: dict[Key, dict[int, _Observed]] = {}
         self._leftovers: dict[Key, list[int]] = {}
+        self._unknown: dict[Key, tuple[int, ...]] = {}
+        """Segments outside the layout that it never handed out (kept), as last logged."""
 
     def new_stats_round(self) -> None:
         """Start a stats round (the resync loop calls it once per resync interval): a sealed
@@ -121,6 +132,7 @@ class TopicReconciler:
     def forget(self, namespace: str, name: str) -> None:
         self._observed.pop((namespace, name), None)
         self._leftovers.pop((namespace, name), None)
+        self._unknown.pop((namespace, name), None)
 
     def lock(self, key: Key) -> asyncio.Lock:
         """Held by whoever mutates the topic (a reconcile pass or an auto-scale operation)."""
@@ -226,6 +238,14 @@ class TopicReconciler:
                 problem_text = f"status.layout: {exc}"
             await self._not_ready(topic, Reason.LAYOUT_INVALID, problem_text, stalled=True)
             return
+        fresh = False
+        if layout is None:
+            # Without a layout, Segments or broker data mean a lost status, never a new topic.
+            restored = await self._rebuild(topic, spec)
+            if restored is None:
+                return
+            topic, layout = restored
+            fresh = layout is None
         if layout is None:
             unbuildable = await self._initial_segments_problem(topic, spec, policy)
             if unbuildable is not None:
@@ -240,7 +260,7 @@ class TopicReconciler:
             layout = layout_of(topic) or layout
 
         try:
-            await self._ensure_segments(topic, layout, spec)
+            await self._ensure_segments(topic, layout, spec, recover=not fresh)
         except (NoBrokerAvailable, SegmentsUnavailable) as exc:
             await self._not_ready(topic, Reason.BROKERS_UNAVAILABLE, str(exc))
             raise
@@ -286,6 +306,120 @@ class TopicReconciler:
             return None
         return problem
 
+    async def _rebuild(
+        self, topic: Body, spec: ScalableTopicSpec
+    ) -> tuple[Body, SegmentLayout | None] | None:
+        """A topic without ``status.layout``: rebuild it from the Segment resources and what the
+        brokers hold (``core.rebuild``; docs/operator.md, "Lost status").
+
+        Returns ``(topic, None)`` when nothing of the topic exists anywhere (a new topic: the
+        caller creates its first layout), ``(topic, layout)`` once the rebuilt layout is written,
+        and ``None`` when the pass stops: the records do not make one DAG (Stalled, LayoutLost:
+        a person has to look; nothing is deleted). Raises ``BrokersUnanswered`` (after saying
+        so in the conditions) while a broker that may hold the topic's data does not answer.
+        """
+        meta = topic["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        bodies = await self.kube.list_segments(ns, name)
+        for body in bodies:
+            self.cache.put_segment(body)
+        try:
+            reports = await broker_reports(self.brokers, self.cache, ns, name, bodies)
+        except BrokersUnanswered as exc:
+            await self._not_ready(topic, Reason.BROKERS_UNAVAILABLE, str(exc))
+            raise
+        if not bodies and not reports:
+            return topic, None
+        try:
+            rebuilt = rebuild_layout(
+                [record_from_segment(b) for b in bodies],
+                reports,
+                operation_id=f"rebuilt-{uuid.uuid4().hex[:8]}",
+                started_at=format_time(self.clock()),
+            )
+        except ValueError as exc:
+            metrics.LAYOUT_REBUILDS.labels(ns, name, "failed").inc()
+            message = (
+                f"status.layout is gone and cannot be rebuilt from {len(bodies)} Segment(s) and "
+                f"{len(reports)} segment(s) on brokers: {exc}. Nothing was deleted. Restore "
+                "status.layout from a backup (the status subresource), or correct the records "
+                "named here (a Segment resource, a segment on its broker) so that they make one "
+                "DAG whose active segments cover the ring; the next pass rebuilds it then"
+            )
+            log.error("%s/%s: %s", ns, name, message)
+            await self._not_ready(topic, Reason.LAYOUT_LOST, message, stalled=True)
+            return None
+        adopted = await adopt(self.kube, self.cache, topic, bodies)
+        await write_missing_segments(
+            self.kube, self.cache, topic, rebuilt.layout, rebuilt.from_brokers
+        )
+        layout = rebuilt.layout
+        subscriptions = subscription_entries(
+            layout, reports, {s.name: s.type.value for s in spec.subscriptions}
+        )
+        resumed: list[str] = []
+        unrun: list[str] = []
+        wrote: list[bool] = []
+
+        def change(status: dict[str, Any], obj: Body) -> None:
+            resumed.clear()
+            unrun.clear()
+            wrote.clear()
+            if status.get("layout"):
+                return
+            wrote.append(True)
+            status["layout"] = layout.to_metadata()
+            status["epoch"] = layout.epoch
+            status["nextSegmentId"] = layout.next_segment_id
+            status["activeSegments"] = len(layout.active())
+            status["dag"] = render_dag(layout)
+            if not status.get("subscriptions"):
+                # What the consumer hub restores from; without it a new leader would count
+                # every sealed segment drained.
+                status["subscriptions"] = subscriptions
+            operation = rebuilt.operation
+            if status.get("operation"):
+                # The intent survived (only the layout went): rebased on the rebuilt epoch, the
+                # resume decides on it as on any operation it finds.
+                try:
+                    found = Operation.from_status(status["operation"])
+                    operation = replace(found, base_epoch=layout.epoch)
+                except ValueError:
+                    pass
+            annotations = obj["metadata"].get("annotations") or {}
+            operation, last = request_after_rebuild(
+                annotations.get(ANNOTATION_REQUEST), operation, format_time(self.clock())
+            )
+            if operation is not None:
+                status["operation"] = operation.to_status()
+                resumed.append(operation.id)
+            if last is not None and not status.get("lastRequest"):
+                status["lastRequest"] = last
+                unrun.append(str(last["id"]))
+
+        topic = await update_topic_status(self.kube, ns, name, change, topic=topic)
+        written = layout_of(topic)
+        if not wrote:  # another writer's layout came first: the next pass looks at it
+            return None if written is None else (topic, written)
+        outcome = "from-brokers" if rebuilt.from_brokers else "from-segments"
+        metrics.LAYOUT_REBUILDS.labels(ns, name, outcome).inc()
+        parts = [f"{len(bodies)} Segment(s)"]
+        if rebuilt.from_brokers:
+            parts.append(f"segments {sorted(rebuilt.from_brokers)} from their brokers")
+        if adopted:
+            parts.append(f"{adopted} Segment(s) taken over from a previous uid of the topic")
+        message = (
+            f"status.layout was missing: rebuilt from {', '.join(parts)} at epoch {layout.epoch} "
+            f"({len(layout.segments)} segment(s), {len(layout.active())} active)"
+        )
+        if resumed:
+            message += f"; resuming the interrupted operation {resumed[0]}"
+        if unrun:
+            message += f"; request {unrun[0]} is not run again (whether it ran is unknown)"
+        log.warning("%s/%s: %s", ns, name, message)
+        await self.event(topic, "Warning", "LayoutRebuilt", message)
+        return topic, written
+
     async def _initialize(self, topic: Body, spec: ScalableTopicSpec) -> tuple[Body, SegmentLayout]:
         layout = SegmentLayout.initial(spec.initial_segments)
 
@@ -322,11 +456,13 @@ class TopicReconciler:
             return {sid: known.get(sid, 1) for sid in layout.segments}
 
     async def _ensure_segments(
-        self, topic: Body, layout: SegmentLayout, spec: ScalableTopicSpec
+        self, topic: Body, layout: SegmentLayout, spec: ScalableTopicSpec, *, recover: bool = True
     ) -> None:
         """Every segment of the layout exists where it should (Active on its broker, with the
         spec's subscriptions) or is marked Sealed; segments no longer in the DAG are deleted
-        from their brokers and then as resources."""
+        from their brokers and then as resources. A segment of the layout whose Segment is gone
+        is looked for on the brokers first (``recover``; not for a topic just created, which has
+        nothing anywhere), so that it is never placed afresh, empty, away from its data."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         subscriptions = sorted((s.name, s.type.value) for s in spec.subscriptions)
         wanted = {s for s, _ in subscriptions}
@@ -335,6 +471,10 @@ class TopicReconciler:
             for body in await self.kube.list_segments(ns, name):
                 self.cache.put_segment(body)
             existing = self.cache.segments.get((ns, name), {})
+            missing = [sid for sid in sorted(layout.segments) if sid not in existing]
+            if missing and recover:
+                await self._recover_segments(topic, layout, missing)
+                existing = self.cache.segments.get((ns, name), {})
         # After the listing: once roots were pruned, bucket counts come from the Segments.
         buckets = self._buckets(topic, layout, spec)
         pending: list[int] = []
@@ -372,23 +512,89 @@ class TopicReconciler:
                     {"state": "Sealed", "sealedAt": format_time(self.clock())},
                 )
                 self.cache.put_segment(updated)
+            current = self.cache.segments.get((ns, name), {}).get(info.segment_id)
+            if current is not None:
+                await self._record_epochs(ns, name, info, current)
         if failures:
             raise SegmentsUnavailable(pending, "; ".join(failures))
         await self._remove_orphans(topic, layout)
 
+    async def _recover_segments(
+        self, topic: Body, layout: SegmentLayout, missing: list[int]
+    ) -> None:
+        """Write the Segment of each segment in ``missing`` that a broker still holds, naming
+        that broker. Raises ``SegmentsUnavailable`` while a broker does not answer (it may hold
+        one of them) or when two brokers hold the same segment."""
+        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        segments = list(self.cache.segments.get((ns, name), {}).values())
+        try:
+            reports = await broker_reports(self.brokers, self.cache, ns, name, segments)
+        except BrokersUnanswered as exc:
+            raise SegmentsUnavailable(missing, str(exc)) from None
+        found: dict[int, BrokerReport] = {}
+        for report in reports:
+            if report.segment_id not in missing:
+                continue
+            other = found.get(report.segment_id)
+            if other is not None and other.pod != report.pod:
+                raise SegmentsUnavailable(
+                    missing,
+                    f"segment {report.segment_id} has no Segment and is on two brokers "
+                    f"({other.pod}, {report.pod}): delete the copy that is not wanted",
+                )
+            found[report.segment_id] = report
+        if not found:
+            return
+        await write_missing_segments(self.kube, self.cache, topic, layout, found)
+        where = ", ".join(f"#{sid} on {r.pod}" for sid, r in sorted(found.items()))
+        await self.event(
+            topic,
+            "Warning",
+            "SegmentsRecovered",
+            f"Segments written again from their brokers: {where}",
+        )
+
+    async def _record_epochs(self, ns: str, name: str, info: SegmentInfo, seg: Body) -> None:
+        """Keep the layout's epochs of the segment on its Segment: a lost layout is rebuilt from
+        the Segments, with an epoch above every recorded one (``core.rebuild``)."""
+        status = seg.get("status") or {}
+        wanted = {
+            "createdAtEpoch": info.created_at_epoch,
+            "sealedAtEpoch": info.sealed_at_epoch or None,
+        }
+        if all(status.get(k) == v for k, v in wanted.items()):
+            return
+        updated = await self.kube.patch_segment_status(
+            ns, segment_name(name, info.segment_id), wanted
+        )
+        self.cache.put_segment(updated)
+
     async def _remove_orphans(self, topic: Body, layout: SegmentLayout) -> None:
-        """Delete the segments that are no longer in the DAG (pruned, or children of a rolled
-        back operation): on their broker first, then the Segment resource, which is the record of
-        where the data lives until the broker has let go of it. A segment whose broker pod is
-        away is kept (``Reconciling`` says so) and retried on a later pass. Children of an
-        operation in flight are not in the DAG yet and are left alone."""
+        """Delete the segments the DAG had and pruned (``core.rebuild.orphans``: an id below
+        ``nextSegmentId`` that is no longer in the layout): on their broker first, then the
+        Segment resource, which is the record of where the data lives until the broker has let
+        go of it. A segment whose broker pod is away is kept (``Reconciling`` says so) and
+        retried on a later pass. Children of an operation in flight are not in the DAG yet and
+        are left alone; so is every segment the layout never handed out (a layout that is
+        missing, fresh or rebuilt never makes anything an orphan to delete)."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         operation = (topic.get("status") or {}).get("operation") or {}
         in_flight = {int(c["id"]) for c in operation.get("children") or [] if "id" in c}
+        segments = self.cache.segments.get((ns, name), {})
+        verdict = orphans(layout, segments, in_flight)
+        if verdict.keep and self._unknown.get((ns, name)) != verdict.keep:
+            log.warning(
+                "%s/%s: segments %s are not in the layout and its nextSegmentId %d never handed "
+                "them out: kept with their data, not deleted",
+                ns,
+                name,
+                list(verdict.keep),
+                layout.next_segment_id,
+            )
+        self._unknown[(ns, name)] = verdict.keep
         leftovers: list[int] = []
-        for sid, seg in sorted(self.cache.segments.get((ns, name), {}).items()):
-            if sid in layout.segments or sid in in_flight:
-                continue
+        for sid in verdict.remove:
+            seg = segments[sid]
             url = self.cache.broker_url_of(seg)
             if recorded_broker(seg) and not url:
                 leftovers.append(sid)

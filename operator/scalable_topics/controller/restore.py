@@ -1,0 +1,146 @@
+"""The I/O around ``core.rebuild`` for a topic whose ``status.layout`` is gone (docs/operator.md,
+"Lost status"): ask every broker which segments of the topic it holds, take the topic's Segment
+resources over (a re-created topic has a new uid, and the garbage collector would delete
+Segments owned by the old one), and write a Segment for each segment only a broker still has.
+
+The order matters: the Segments (each naming the broker that holds the data) are written before
+the rebuilt layout, so that no later pass can place one of its segments afresh, empty, on
+another broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..brokeradmin import AdminError
+from ..core.layout import SegmentLayout
+from ..core.rebuild import BrokerReport, broker_report
+from ..core.resources import API_VERSION, TOPIC_KIND, format_time, segment_name
+from .brokers import BrokerAdmin
+from .cache import ANNOTATION_BROKER, TopicCache, recorded_broker
+from .kube import Body, KubeApi
+from .protocol import segment_body
+
+log = logging.getLogger(__name__)
+
+
+class BrokersUnanswered(Exception):
+    """Not every broker that may hold the topic's data answered: the layout is neither rebuilt
+    nor created afresh until they do (a segment only that broker has would be missed)."""
+
+
+async def broker_reports(
+    brokers: BrokerAdmin, cache: TopicCache, namespace: str, topic: str, segments: Iterable[Body]
+) -> list[BrokerReport]:
+    """What every known broker pod holds of the topic (the seals' successors included).
+
+    Raises :class:`BrokersUnanswered` when a broker pod did not answer, or when a Segment names
+    a broker pod that is not running."""
+    pods = dict(cache.brokers)
+    away = sorted(
+        {pod for pod in (recorded_broker(s) for s in segments) if pod and pod not in pods}
+    )
+    unanswered: list[str] = [f"{pod} (not running; named by a Segment)" for pod in away]
+    reports: list[BrokerReport] = []
+
+    async def one(name: str, url: str) -> None:
+        admin = brokers.at(url)
+        try:
+            listing = await admin.list_segments()
+            for summary in listing:
+                if summary.get("namespace") != namespace or summary.get("topic") != topic:
+                    continue
+                stats: dict[str, Any] | None = summary
+                if summary.get("sealed"):
+                    # The summary has no seal: its successors are the links to the children.
+                    stats = await admin.find_stats(namespace, topic, int(summary["segmentId"]))
+                if stats is not None:
+                    reports.append(broker_report(stats, name, url))
+        except AdminError as exc:
+            unanswered.append(f"{name} ({exc.code}: {exc.message})")
+
+    await asyncio.gather(*(one(name, pod.url) for name, pod in sorted(pods.items())))
+    if unanswered:
+        raise BrokersUnanswered(
+            "status.layout is missing and is rebuilt only once every broker has said which "
+            f"segments of the topic it holds; no answer from {', '.join(sorted(unanswered))}"
+        )
+    return reports
+
+
+async def adopt(kube: KubeApi, cache: TopicCache, topic: Body, segments: Iterable[Body]) -> int:
+    """Make the topic the controller owner of its Segments where another uid is (a re-created
+    topic); returns how many were taken over."""
+    meta = topic["metadata"]
+    owner = {
+        "apiVersion": API_VERSION,
+        "kind": TOPIC_KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    taken = 0
+    for body in segments:
+        refs = (body.get("metadata") or {}).get("ownerReferences") or []
+        if any(r.get("uid") == meta["uid"] and r.get("controller") for r in refs):
+            continue
+        name = body["metadata"]["name"]
+        others = [r for r in refs if r.get("kind") != TOPIC_KIND or r.get("name") != meta["name"]]
+        updated = await kube.patch_segment(
+            meta["namespace"],
+            name,
+            {
+                "metadata": {
+                    "ownerReferences": [*others, owner],
+                    "resourceVersion": body["metadata"]["resourceVersion"],
+                }
+            },
+        )
+        cache.put_segment(updated)
+        taken += 1
+    return taken
+
+
+async def write_missing_segments(
+    kube: KubeApi,
+    cache: TopicCache,
+    topic: Body,
+    layout: SegmentLayout,
+    reports: Mapping[int, BrokerReport],
+) -> None:
+    """A Segment for each segment only a broker reported (``reports``), naming that broker; its
+    state is the DAG's (``Pending`` for a fenced one, which the next pass activates like any
+    fenced child of a committed layout)."""
+    meta = topic["metadata"]
+    for sid, report in sorted(reports.items()):
+        info = layout.segments.get(sid)
+        parents = list(info.parent_ids) if info is not None else []
+        body = segment_body(topic, sid, report.hash_range, parents, report.buckets)
+        body["metadata"]["annotations"] = {ANNOTATION_BROKER: report.pod}
+        created = await kube.create_segment(body)
+        if info is not None and not info.active:
+            state = "Sealed"
+        elif info is not None and report.writable:
+            state = "Active"
+        else:
+            state = "Pending"
+        status: dict[str, Any] = {"state": state, "broker": {"pod": report.pod, "url": report.url}}
+        if state == "Sealed" and report.sealed_at is not None:
+            status["sealedAt"] = format_time(report.sealed_at)
+        updated = await kube.patch_segment_status(
+            meta["namespace"], segment_name(meta["name"], sid), status
+        )
+        cache.put_segment(updated or created)
+        log.warning(
+            "%s/%s: wrote Segment %d (%s, %s) from broker %s: its Segment resource was gone",
+            meta["namespace"],
+            meta["name"],
+            sid,
+            report.hash_range.hex(),
+            state,
+            report.pod,
+        )
