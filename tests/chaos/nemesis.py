@@ -20,7 +20,14 @@ from typing import Any
 
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.localcluster.restclient import PODS
-from tests.integration.operator_harness import NAMESPACE, JsonObj, Stack, condition_of, eventually
+from tests.integration.operator_harness import (
+    NAMESPACE,
+    SEGMENTS,
+    JsonObj,
+    Stack,
+    condition_of,
+    eventually,
+)
 
 from .checker import RestartKind
 from .workload import Recorder
@@ -140,6 +147,37 @@ class Nemesis:
             for sid, seg in segments.items()
             if sid in active
         }
+
+    # -- lost records ----------------------------------------------------------------------------
+
+    async def lose_status(self, *, segments: bool = False, within: float = 90) -> Step:
+        """Replace the topic's status with an empty one while the clients run (a restore from a
+        backup without status); with ``segments`` every Segment resource is deleted first (the
+        topic restored alone). Returns once the topic is Ready again; ``data`` has the layout
+        and the broker of every segment the brokers hold, before and after."""
+        name = "lose-status-and-segments" if segments else "lose-status"
+        step = Step(name, self.recorder.clock())
+        before = await self.layout()
+        held = await self.stack.broker_segments(self.topic, self.namespace)
+        if segments:
+            for sid in sorted(await self.stack.segments(self.topic, self.namespace)):
+                await self.stack.api.delete(SEGMENTS, self.namespace, f"{self.topic}-{sid}")
+        await self.stack.lose_status(self.topic, self.namespace)
+        topic = await self.stack.wait_ready(self.topic, within, self.namespace)
+        step.finished = self.recorder.clock()
+        after = _layout(topic)
+        step.data = {
+            "before": before,
+            "after": after,
+            "held": held,
+            "heldAfter": await self.stack.broker_segments(self.topic, self.namespace),
+        }
+        lost = "status and Segments" if segments else "status"
+        step.detail = (
+            f"{lost} lost at epoch {before.epoch}; rebuilt at epoch {after.epoch} with "
+            f"{len(after.segments)} segments ({len(after.active())} active)"
+        )
+        return step
 
     # -- process kills ----------------------------------------------------------------------------
 

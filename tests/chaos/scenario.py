@@ -43,7 +43,7 @@ from .nemesis import Nemesis, Step
 from .workload import ConsumerRunner, ReadingConsumer, Recorder, Registration
 from .writer import WriterProcess
 
-__all__ = ["FAULTS", "ChaosConfig", "ChaosResult", "run_chaos"]
+__all__ = ["FAULTS", "RECORD_FAULTS", "ChaosConfig", "ChaosResult", "run_chaos"]
 
 log = logging.getLogger("tests.chaos.scenario")
 
@@ -60,6 +60,10 @@ FAULTS = (
     "kill-operator-leader",
     "restart-consumer",
 )
+RECORD_FAULTS = ("lose-status", "lose-status-and-segments")
+"""Faults on the records rather than the processes (not in the default run): the topic's status
+replaced with an empty one, then also every Segment deleted (docs/correctness.md, "Lost
+status")."""
 REBUCKET_HOW = (
     "automatic: the request annotation accepts only split and merge "
     "(core.resources.ManualRequestOp), so extra stream consumers are registered until they "
@@ -470,6 +474,8 @@ async def _fault(
         return await _rebucket(nemesis, streams, make_stream)
     if fault == "kill-broker":
         return await nemesis.kill_broker()
+    if fault in RECORD_FAULTS:
+        return await nemesis.lose_status(segments=fault == "lose-status-and-segments")
     if fault == "kill-operator-leader":
         return await nemesis.kill_leader()
     if fault == "restart-consumer":
@@ -485,4 +491,4 @@ async def _fault(
             f"{before} before, {after} after (within the grace period: unchanged)"
         )
         return step
-    raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+    raise ValueError(f"unknown fault {fault!r}; known: {', '.join((*FAULTS, *RECORD_FAULTS))}")
