@@ -20,13 +20,13 @@ from scalable_topics.client import ScalableTopicProducer, SegmentCorruptedError,
 from scalable_topics.client.segment import SegmentAdmin, SegmentProducer
 from scalable_topics.core.hashing import segment_hash
 from scalable_topics.core.wire import Message
+from scalable_topics.localcluster.restclient import PODS
 from segment_broker.storage.log import RECORD_HEADER_SIZE, scan_records
 from tests.chaos.nemesis import _container, _pid
 from tests.chaos.scenario import service_url
 
 from .operator_harness import (
     NAMESPACE,
-    PODS,
     JsonObj,
     condition_of,
     eventually,
