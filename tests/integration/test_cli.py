@@ -529,3 +529,28 @@ async def test_kubectl_shows_whole_rates_and_no_sealed_at_epoch_for_active_segme
     assert split.returncode == 0, split.stderr
     described = (await stack.kubectl("describe", "stopic", "shown")).stdout
     assert described.count("Sealed At Epoch:") == 1, described
+
+
+# -- without an operator (last in the module: the operator stays scaled to zero) -----------------
+
+
+async def test_without_a_running_operator(stack: Stack, roundtrip: RoundTrip) -> None:
+    await stack.scale_operator(0)
+    run = await stopic(stack, "produce", "roundtrip", within=60)
+    assert run.returncode == 4, run.stderr
+    line = run.error_line()
+    assert line.startswith("stopic: cannot reach the operator for default/roundtrip: tried "), line
+    assert "Service scalable-topics/scalable-topics-operator http://" in line, line
+    assert line.endswith("pass --service-url URL (the operator's address as seen from here)")
+
+    late = await stopic(stack, "merge", "roundtrip", "0", "1", "--timeout", "1")
+    assert late.returncode == 1
+    assert late.stderr.splitlines()[-1].startswith("stopic: no outcome for request cli-")
+
+    proc = await start(stack, "split", "roundtrip", "1")
+    assert proc.stderr is not None
+    waiting = await asyncio.wait_for(proc.stderr.readline(), 60)
+    assert waiting.startswith(b"split [1] on default/roundtrip"), waiting
+    took, err = await interrupt(proc)
+    assert_interrupted(proc, took, err)
+    assert "stays on the topic and may still run" in err, err
