@@ -355,3 +355,35 @@ async def test_a_new_leader_serves_the_backlog_of_sealed_segments(stack: Stack) 
         await consumer.close()
     assert read[:10] == [0] * 10, read
     assert sorted(read[10:]) == [1] * 10 + [2] * 10, read
+
+
+async def test_a_deleted_segment_resource_is_written_again_from_its_broker(stack: Stack) -> None:
+    """With the layout in place, the Segments of a sealed and an active segment are deleted: they
+    come back naming the broker that holds the data (not placed afresh, empty, elsewhere)."""
+    name = "segment-gone"
+    before, data = await split_and_merge(stack, name)
+    await operator(stack)
+    old = await stack.segments(name)
+    await delete_segments(stack, name, [1, 3])
+
+    async def back() -> dict[int, JsonObj] | None:
+        segments = await stack.segments(name)
+        ok = set(segments) == set(before.segments) and all(
+            (segments[sid].get("status") or {}).get("state") for sid in (1, 3)
+        )
+        return segments if ok else None
+
+    segments = await eventually(back, 30, "Segments #1 and #3 written again")
+    for sid in (1, 3):
+        assert segments[sid]["metadata"]["uid"] != old[sid]["metadata"]["uid"]
+        assert segments[sid]["status"]["broker"] == old[sid]["status"]["broker"], sid
+        assert segments[sid]["spec"]["range"] == old[sid]["spec"]["range"]
+    assert segments[1]["status"]["state"] == "Sealed"
+    assert await stored(stack, name) == data
+    topic = await stack.wait_ready(name)
+    assert shape(layout_of(topic)) == shape(before)
+    recovered = await events(stack, name, "SegmentsRecovered")
+    for sid in (1, 3):
+        assert any(f"#{sid} on {old[sid]['status']['broker']['pod']}" in m for m in recovered), (
+            recovered
+        )
