@@ -242,3 +242,15 @@ async def test_a_second_cluster_object_on_the_directory_writes_nothing(tmp_path:
         assert "namespace/default" in result.stdout.split()
     async with LocalCluster(tmp_path / "c", kubelet=False) as again:
         assert again.lock.held
+
+
+async def test_a_data_dir_that_is_a_file_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "notes").write_text("mine")
+    for command in (("local", "up"), ("local", "down"), ("local", "reset"), ("demo",)):
+        proc = await _stopic(*command, "--data-dir", str(tmp_path / "notes"))
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 1, err.decode()
+        line = err.decode().strip()
+        assert line.startswith("stopic: ") and "\n" not in line, line
+        assert str(tmp_path / "notes") in line and "directory" in line, line
+    assert (tmp_path / "notes").read_text() == "mine"

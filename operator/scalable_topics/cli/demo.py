@@ -54,9 +54,9 @@ from ..core.resources import (
     ScalableTopicSpec,
 )
 from ..kubeapi import api_client
-from ..localcluster.datadir import EXIT_IN_USE, DataDirInUse, running
+from ..localcluster.datadir import EXIT_IN_USE, DataDirInUse
 from . import demo_progress
-from .local import DEFAULT_STOP_GRACE, shell_setup
+from .local import DEFAULT_STOP_GRACE, UnusableDataDir, holder_of, shell_setup
 from .topics import dag_text
 
 NAMESPACE = "default"
@@ -514,7 +514,11 @@ def _pod_ready(pod: Any) -> bool:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
-    holder = running(data_dir)
+    try:
+        holder = holder_of(data_dir)
+    except UnusableDataDir as exc:
+        print(f"stopic: {exc}", file=sys.stderr)
+        return 1
     if holder is not None:  # LocalCluster.start() would refuse too, after a second of set-up
         print(f"stopic: {DataDirInUse(data_dir, holder)}", file=sys.stderr)
         return EXIT_IN_USE
@@ -538,7 +542,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         except DataDirInUse as exc:
             print(f"stopic: {exc}", file=sys.stderr)
             return EXIT_IN_USE
-        except RuntimeError as exc:
+        except (RuntimeError, OSError) as exc:
             print(f"stopic demo: {exc}", file=sys.stderr)
             return 1
 

@@ -21,6 +21,7 @@ from typing import Any
 from ..localcluster.datadir import (
     EXIT_IN_USE,
     DataDirInUse,
+    Holder,
     NotADataDir,
     reset,
     running,
@@ -33,6 +34,18 @@ Ctrl-C ends ``local up`` and the demo within 2 s (brokers and the operator are c
 
 def err(text: str) -> None:
     print(f"stopic: {text}", file=sys.stderr, flush=True)
+
+
+class UnusableDataDir(Exception):
+    """The data directory cannot be read or written (a file, no permission, ...)."""
+
+
+def holder_of(data_dir: Path) -> Holder | None:
+    """The running control plane of ``data_dir`` (``None``: none), or ``UnusableDataDir``."""
+    try:
+        return running(data_dir)
+    except OSError as exc:
+        raise UnusableDataDir(f"cannot use {data_dir} as a data directory: {exc.strerror}") from exc
 
 
 def shell_setup(kubeconfig: Path) -> list[str]:
@@ -51,7 +64,11 @@ def shell_setup(kubeconfig: Path) -> list[str]:
 def cmd_local_up(args: argparse.Namespace) -> int:
     """Run the embedded cluster in the foreground until Ctrl-C or SIGTERM."""
     data_dir = Path(args.data_dir).absolute()
-    holder = running(data_dir)
+    try:
+        holder = holder_of(data_dir)
+    except UnusableDataDir as exc:
+        err(str(exc))
+        return 1
     if holder is not None:
         err(str(DataDirInUse(data_dir, holder)))
         return EXIT_IN_USE
@@ -115,7 +132,11 @@ def cmd_local_down(args: argparse.Namespace) -> int:
     """Stop the control plane holding ``--data-dir`` (SIGTERM to the lock holder), and wait
     until it has released the directory."""
     data_dir = Path(args.data_dir).absolute()
-    holder = running(data_dir)
+    try:
+        holder = holder_of(data_dir)
+    except UnusableDataDir as exc:
+        err(str(exc))
+        return 1
     if holder is None:
         err(f"no local control plane is running on {data_dir}")
         return 1
