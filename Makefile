@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DATA_DIR ?= .local/run
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint typecheck unit bench crds images deploy clean
+.PHONY: install run test lint typecheck unit bench crds images deploy clean kube-binaries
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ crds: $(STAMP)
 images: $(STAMP)
 	@echo "No container engine on this machine: Dockerfiles are linted here, built by CI/release."
 	$(BIN)/hadolint Dockerfile broker-image/Dockerfile
+
+# The real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kubectl)
+# built from its Go modules into ~/.cache/scalable-topics (see README); a no-op once built.
+kube-binaries:
+	hack/kube/build.sh
 
 deploy:
 	kubectl apply -f crds/
