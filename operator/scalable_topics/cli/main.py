@@ -148,7 +148,10 @@ def _topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo.add_parser(sub)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(local_only: bool = False) -> argparse.ArgumentParser:
+    """The whole command line; ``local_only`` registers just ``stopic local`` (which then starts
+    without importing the SDK and the Kubernetes client, so a refused second ``local up`` is
+    quick)."""
     parser = Parser(prog="stopic", description="Scalable Topics command line")
     parser.add_argument(
         "-v",
@@ -162,8 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_subparsers(dest="command", required=True),
     )
     local.add_parser(sub)
-    _topic_commands(sub)
+    if not local_only:
+        _topic_commands(sub)
     return parser
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (the top level has only flags before it)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -179,7 +188,9 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(local_only=_command_of(argv) == "local")
     try:
         args = parser.parse_args(argv)
         _check(parser, args)
