@@ -19,6 +19,7 @@ import pytest_asyncio
 
 from scalable_topics.client import StreamConsumer
 from scalable_topics.core.layout import SegmentLayout
+from scalable_topics.core.resources import layout_status
 
 from .operator_harness import (
     SEGMENTS,
@@ -147,6 +148,7 @@ async def test_a_lost_status_is_rebuilt_from_the_segments(stack: Stack) -> None:
     assert after.next_segment_id == before.next_segment_id
     assert after.epoch > before.epoch, "clients ignore a DAG whose epoch went back"
     assert topic["status"]["epoch"] == after.epoch
+    assert topic["status"]["layout"] == layout_status(after), "written as every layout is"
     assert set(await stack.segments(name)) == set(before.segments)
     assert await stored(stack, name) == data, "every segment kept every entry on its broker"
     rebuilt = await events(stack, name, "LayoutRebuilt")

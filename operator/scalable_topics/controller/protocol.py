@@ -32,7 +32,6 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from ..core.dagview import render_dag
 from ..core.layout import SegmentLayout
 from ..core.operation import Operation, OperationKind, Phase, Recovery, recovery
 from ..core.resources import (
@@ -44,7 +43,6 @@ from ..core.resources import (
     SEGMENT_KIND,
     TOPIC_KIND,
     format_time,
-    layout_status,
     parse_topic_spec,
     segment_name,
 )
@@ -52,7 +50,7 @@ from . import metrics
 from .brokers import BrokerAdmin, Successor, broker_unavailable, choose_broker
 from .cache import ANNOTATION_BROKER, TopicCache, layout_of, recorded_broker
 from .kube import Body, KubeApi
-from .status import update_topic_status
+from .status import put_layout, update_topic_status
 
 log = logging.getLogger(__name__)
 
@@ -415,11 +413,7 @@ class OperationExecutor:
             if layout is None:
                 raise OperationRejected("the topic has no layout")
             new_layout = operation.apply(layout)
-            status["layout"] = layout_status(new_layout)
-            status["epoch"] = new_layout.epoch
-            status["nextSegmentId"] = new_layout.next_segment_id
-            status["activeSegments"] = len(new_layout.active())
-            status["dag"] = render_dag(new_layout)
+            put_layout(status, new_layout)
             status.pop("operation", None)
             if operation.kind is OperationKind.SPLIT:
                 status["lastSplitAt"] = now

@@ -41,7 +41,6 @@ from ..core.resources import (
     format_time,
     get_condition,
     handled_request,
-    layout_status,
     parse_manual_request,
     parse_time,
     parse_topic_spec,
@@ -58,7 +57,7 @@ from .corruption import corrupted_segments
 from .kube import Body, KubeApi
 from .protocol import NoBrokerAvailable, OperationExecutor, OperationRejected
 from .restore import BrokersUnanswered, adopt, broker_reports, write_missing_segments
-from .status import TopicGone, update_topic_status
+from .status import TopicGone, put_layout, update_topic_status
 
 log = logging.getLogger(__name__)
 
@@ -368,11 +367,7 @@ class TopicReconciler:
             if status.get("layout"):
                 return
             wrote.append(True)
-            status["layout"] = layout.to_metadata()
-            status["epoch"] = layout.epoch
-            status["nextSegmentId"] = layout.next_segment_id
-            status["activeSegments"] = len(layout.active())
-            status["dag"] = render_dag(layout)
+            put_layout(status, layout)
             if not status.get("subscriptions"):
                 # What the consumer hub restores from; without it a new leader would count
                 # every sealed segment drained.
@@ -426,11 +421,7 @@ class TopicReconciler:
         def change(status: dict[str, Any], obj: Body) -> None:
             if (status or {}).get("layout"):
                 return
-            status["layout"] = layout_status(layout)
-            status["epoch"] = layout.epoch
-            status["nextSegmentId"] = layout.next_segment_id
-            status["activeSegments"] = len(layout.active())
-            status["dag"] = render_dag(layout)
+            put_layout(status, layout)
 
         meta = topic["metadata"]
         topic = await update_topic_status(
@@ -812,11 +803,7 @@ class TopicReconciler:
             if not pruned:
                 return
             new.validate()
-            status["layout"] = layout_status(new)
-            status["epoch"] = new.epoch
-            status["nextSegmentId"] = new.next_segment_id
-            status["activeSegments"] = len(new.active())
-            status["dag"] = render_dag(new)
+            put_layout(status, new)
 
         topic = await update_topic_status(self.kube, ns, name, change, topic=topic)
         layout = layout_of(topic) or layout

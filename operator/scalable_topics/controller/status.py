@@ -9,6 +9,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ..core.dagview import render_dag
+from ..core.layout import SegmentLayout
+from ..core.resources import layout_status
 from . import metrics
 from .kube import Body, Conflict, KubeApi, NotFound
 
@@ -27,6 +30,17 @@ def _comparable(status: Any) -> Any:
     if isinstance(status, list):
         return [_comparable(v) for v in status]
     return status
+
+
+def put_layout(status: dict[str, Any], layout: SegmentLayout) -> None:
+    """Make ``layout`` the topic's DAG in ``status``: ``status.layout`` (as
+    :func:`~scalable_topics.core.resources.layout_status` writes it) and the fields derived
+    from it (``epoch``, ``nextSegmentId``, ``activeSegments``, ``dag``)."""
+    status["layout"] = layout_status(layout)
+    status["epoch"] = layout.epoch
+    status["nextSegmentId"] = layout.next_segment_id
+    status["activeSegments"] = len(layout.active())
+    status["dag"] = render_dag(layout)
 
 
 class TopicGone(Exception):
