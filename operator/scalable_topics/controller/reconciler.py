@@ -154,10 +154,6 @@ class TopicReconciler:
                 raise ValueError(f"namespace annotation {POLICY_ANNOTATION}: {exc}") from None
         return namespace_policy
 
-    async def policy(self, namespace: str, spec: ScalableTopicSpec) -> AutoScalePolicy:
-        """Topic spec, then the namespace annotation, then the operator's defaults."""
-        return spec.policy(await self.namespace_policy(namespace), self.defaults)
-
     # -- the pass ------------------------------------------------------------------------------
 
     async def reconcile(self, key: Key) -> None:
@@ -219,9 +215,12 @@ class TopicReconciler:
         # An invalid policy stops nothing but auto-scaling: an operation in flight must still be
         # finished (a sealed parent waits for its layout commit), segments kept in place and
         # manual requests served. Ready=False says what is wrong.
+        # The policy is the topic spec's, then the namespace annotation's, then the defaults.
         problem: tuple[str, str] | None = None
+        namespace_policy: dict[str, Any] = {}
         try:
-            policy: AutoScalePolicy | None = await self.policy(namespace, spec)
+            namespace_policy = await self.namespace_policy(namespace)
+            policy: AutoScalePolicy | None = spec.policy(namespace_policy, self.defaults)
         except ValueError as exc:
             policy, problem = None, (Reason.INVALID_AUTO_SCALE_POLICY, str(exc))
 
@@ -246,7 +245,12 @@ class TopicReconciler:
             topic, layout = restored
             fresh = layout is None
         if layout is None:
-            unbuildable = await self._initial_segments_problem(topic, spec, policy)
+            # Nothing of the topic exists anywhere (``_rebuild`` looked), so nothing built is
+            # stopped: ``initialSegments`` outside a bound that the namespace or the defaults
+            # set (admission rejects the topic's own). An invalid policy says so itself.
+            unbuildable = (
+                None if policy is None else spec.initial_segments_problem(policy, namespace_policy)
+            )
             if unbuildable is not None:
                 await self._not_ready(
                     topic, Reason.INVALID_SPEC, unbuildable, stalled=True, unbuilt=True
@@ -289,21 +293,6 @@ class TopicReconciler:
             self.on_requeue_after((namespace, name), look_again)
 
     # -- pieces --------------------------------------------------------------------------------
-
-    async def _initial_segments_problem(
-        self, topic: Body, spec: ScalableTopicSpec, policy: AutoScalePolicy | None
-    ) -> str | None:
-        """Why the initial layout may not be built: ``initialSegments`` outside the bounds of
-        the effective policy where the namespace or the defaults set them (admission rejects
-        the topic's own). Only while no Segment exists: it never stops a built topic."""
-        if policy is None:
-            return None  # InvalidAutoScalePolicy says what is wrong
-        meta = topic["metadata"]
-        namespace_policy = await self.namespace_policy(meta["namespace"])
-        problem = spec.initial_segments_problem(policy, namespace_policy)
-        if problem is None or await self.kube.list_segments(meta["namespace"], meta["name"]):
-            return None
-        return problem
 
     async def _rebuild(
         self, topic: Body, spec: ScalableTopicSpec
