@@ -36,15 +36,12 @@ from ..core.layout import SegmentLayout
 from ..core.operation import Operation, OperationKind, Phase, Recovery, recovery
 from ..core.resources import (
     API_VERSION,
-    LABEL_MANAGED_BY,
-    LABEL_SEGMENT_ID,
-    LABEL_TOPIC,
-    MANAGED_BY,
     SEGMENT_KIND,
-    TOPIC_KIND,
     format_time,
     parse_topic_spec,
+    segment_labels,
     segment_name,
+    topic_owner_reference,
 )
 from . import metrics
 from .brokers import BrokerAdmin, Successor, broker_unavailable, choose_broker
@@ -79,21 +76,8 @@ def segment_body(
         "metadata": {
             "name": segment_name(meta["name"], segment_id),
             "namespace": meta["namespace"],
-            "labels": {
-                LABEL_TOPIC: meta["name"],
-                LABEL_SEGMENT_ID: str(segment_id),
-                LABEL_MANAGED_BY: MANAGED_BY,
-            },
-            "ownerReferences": [
-                {
-                    "apiVersion": API_VERSION,
-                    "kind": TOPIC_KIND,
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "labels": segment_labels(meta["name"], segment_id),
+            "ownerReferences": [topic_owner_reference(meta["name"], meta["uid"])],
         },
         "spec": {
             "topic": meta["name"],

@@ -18,7 +18,7 @@ from typing import Any
 from ..brokeradmin import AdminError
 from ..core.layout import SegmentLayout
 from ..core.rebuild import BrokerReport, broker_report
-from ..core.resources import API_VERSION, TOPIC_KIND, format_time, segment_name
+from ..core.resources import TOPIC_KIND, format_time, segment_name, topic_owner_reference
 from .brokers import BrokerAdmin
 from .cache import ANNOTATION_BROKER, TopicCache, recorded_broker
 from .kube import Body, KubeApi
@@ -75,14 +75,7 @@ async def adopt(kube: KubeApi, cache: TopicCache, topic: Body, segments: Iterabl
     """Make the topic the controller owner of its Segments where another uid is (a re-created
     topic); returns how many were taken over."""
     meta = topic["metadata"]
-    owner = {
-        "apiVersion": API_VERSION,
-        "kind": TOPIC_KIND,
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    owner = topic_owner_reference(meta["name"], meta["uid"])
     taken = 0
     for body in segments:
         refs = (body.get("metadata") or {}).get("ownerReferences") or []

@@ -135,6 +135,7 @@ __all__ = [
     "segment_name",
     "set_condition",
     "topic_name_problem",
+    "topic_owner_reference",
 ]
 
 # -- identity ----------------------------------------------------------------------------------
@@ -1345,6 +1346,19 @@ def segment_labels(topic: str, segment_id: int) -> dict[str, str]:
     }
 
 
+def topic_owner_reference(topic: str, uid: str) -> dict[str, Any]:
+    """The owner reference a topic's Segments carry: the topic is their controller, and the
+    garbage collector deletes them with it."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": TOPIC_KIND,
+        "name": topic,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
 def segment_manifest(
     *,
     topic: str,
@@ -1371,16 +1385,7 @@ def segment_manifest(
             "name": segment_name(topic, segment_id),
             "namespace": namespace,
             "labels": segment_labels(topic, segment_id),
-            "ownerReferences": [
-                {
-                    "apiVersion": API_VERSION,
-                    "kind": TOPIC_KIND,
-                    "name": topic,
-                    "uid": topic_uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [topic_owner_reference(topic, topic_uid)],
         },
         "spec": spec.model_dump(by_alias=True, mode="json"),
     }
