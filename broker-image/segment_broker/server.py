@@ -544,8 +544,15 @@ class _Connection:
         self.out.append(frame)
         self.out_event.set()
 
-    def close_soon(self, code: str, message: str, close_code: int | None = None) -> None:
-        """Ask the connection to send an ERROR frame and close (used by admin deletes)."""
+    def close_soon(
+        self,
+        code: str,
+        message: str,
+        close_code: int | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Ask the connection to send an ERROR frame (with ``extra`` fields) and close (used by
+        admin deletes); a close already asked for wins."""
         if self._close is None:
             codes = {
                 "SegmentDeleted": wire.CLOSE_SEGMENT_DELETED,
@@ -553,6 +560,7 @@ class _Connection:
                 "ProducerFenced": wire.CLOSE_PRODUCER_FENCED,
             }
             self._close = (code, message, close_code or codes.get(code, wire.CLOSE_GOING_AWAY))
+            self._close_extra = extra or {}
             self.out_event.set()
             if self._reader is not None:
                 self._reader.cancel()
@@ -994,8 +1002,7 @@ class ConsumerConnection(_Connection):
 
     def corrupted(self, corruption: Corruption) -> None:
         closing = _corrupted(corruption)
-        self._close_extra = closing.extra
-        self.close_soon(closing.code, str(closing), closing.close_code)
+        self.close_soon(closing.code, str(closing), closing.close_code, closing.extra)
 
     def _on_frame(self, data: bytes) -> None:
         disp = self.dispatcher

@@ -14,13 +14,18 @@ import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import crc32c
 import pytest
+from aiohttp import web
 
+from scalable_topics.core import wire
 from segment_broker.corruption import CorruptionStatus
 from segment_broker.dispatch import Dispatcher
+from segment_broker.metrics import BrokerMetrics
+from segment_broker.server import Broker, ConsumerConnection
 from segment_broker.storage.cursor import Cursor, SubscriptionType
 from segment_broker.storage.log import (
     CLEAN_SHUTDOWN,
@@ -469,6 +474,26 @@ async def test_a_consumer_is_told_once_it_acknowledged_everything_before_the_dam
     await _until(lambda: other.corruption is not None, "the notice for a cursor past the damage")
     assert other.items == []
     await seg.close()
+
+
+async def test_a_corruption_notice_leaves_a_close_already_asked_for_as_it_was() -> None:
+    """The ``position`` of SegmentCorrupted travels with that close only: a connection already
+    closing for another reason (its subscription deleted) sends that ERROR frame unchanged."""
+    broker = cast(Broker, SimpleNamespace(metrics=BrokerMetrics()))
+    conn = ConsumerConnection(broker, cast(web.WebSocketResponse, None), cast(web.Request, None))
+    conn.close_soon(wire.ERR_SUBSCRIPTION_NOT_FOUND, "subscription deleted")
+    conn.corrupted(Corruption(7, "log-x.log", 0, "checksum mismatch", "read", 0.0))
+    assert conn._close == (
+        wire.ERR_SUBSCRIPTION_NOT_FOUND,
+        "subscription deleted",
+        wire.CLOSE_SUBSCRIPTION_NOT_FOUND,
+    )
+    assert conn._close_extra == {}
+
+    fresh = ConsumerConnection(broker, cast(web.WebSocketResponse, None), cast(web.Request, None))
+    fresh.corrupted(Corruption(7, "log-x.log", 0, "checksum mismatch", "read", 0.0))
+    assert fresh._close is not None and fresh._close[0] == wire.ERR_SEGMENT_CORRUPTED
+    assert fresh._close_extra == {"position": 7}
 
 
 async def test_corruption_status_is_retried_until_written_and_keeps_the_newest_value() -> None:
