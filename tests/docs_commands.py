@@ -1,5 +1,6 @@
-"""The shell commands a reader can paste from ``README.md`` and ``docs/**/*.md`` (pure: text in,
-commands out), for ``tests/integration/test_docs_commands.py``.
+"""The shell commands a reader can paste from ``README.md``, ``docs/**/*.md`` and the other
+``README.md`` files of the checkout (``manifests/examples/README.md``, ...), for
+``tests/integration/test_docs_commands.py``. Pure apart from reading the files.
 
 What counts as a command, in fenced code blocks only:
 
@@ -14,6 +15,7 @@ What counts as a command, in fenced code blocks only:
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -168,9 +170,20 @@ def extract(text: str, file: str) -> list[DocCommand]:
 
 
 def doc_files(root: Path) -> list[Path]:
-    """``README.md`` and every ``docs/**/*.md`` under ``root``, README first, then by path."""
+    """``README.md``, every ``docs/**/*.md``, then every other ``README.md`` below ``root``
+    outside hidden directories (``.venv``, ``.git``, ...), each group by path."""
     readme = root / "README.md"
-    return [*([readme] if readme.exists() else []), *sorted((root / "docs").rglob("*.md"))]
+    others: list[Path] = []
+    for directory, subdirs, files in os.walk(root):
+        subdirs[:] = [d for d in subdirs if not d.startswith(".")]
+        here = Path(directory)
+        if "README.md" in files and here != root and not here.is_relative_to(root / "docs"):
+            others.append(here / "README.md")
+    return [
+        *([readme] if readme.exists() else []),
+        *sorted((root / "docs").rglob("*.md")),
+        *sorted(others),
+    ]
 
 
 def extract_all(root: Path) -> list[DocCommand]:

@@ -217,7 +217,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     split.add_argument(
         "--at",
         type=cli_args.hash_point,
-        help="split point as 4 hex digits, e.g. 4000 (default: the midpoint of the range)",
+        help="the last hash of the lower child, 1 to 4 hex digits, e.g. 3fff "
+        "(default: the midpoint of the range)",
     )
     split.set_defaults(afunc=cmd_split_or_merge)
 
