@@ -11,16 +11,12 @@ import asyncio
 import contextlib
 import contextvars
 import json
-import os
 import socket
 from collections.abc import AsyncIterator, Awaitable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
-import yaml
 from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..core.resources import GROUP, TOPIC_PLURAL
@@ -38,8 +34,6 @@ _request_timeout: contextvars.ContextVar[float] = contextvars.ContextVar(
     "request_timeout", default=API_TIMEOUT
 )
 
-DEFAULT_KUBECONFIG = "~/.kube/config"
-
 
 def connect_problem(error: OSError) -> str:
     """A failed connection in a few words (asyncio's own text repeats the address)."""
@@ -56,45 +50,11 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _any_file(kubeconfig: str) -> bool:
-    """Does one of the files of ``kubeconfig`` (a ``KUBECONFIG``-style list) exist? The client
-    library only logs a warning when none does, then fails with "Invalid kube-config file"."""
-    return any(Path(p).expanduser().is_file() for p in kubeconfig.split(os.pathsep) if p)
-
-
 async def _load(kubeconfig: str | None) -> k8s.Configuration:
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        try:
-            return await configuration(None)  # in a pod: the ServiceAccount's credentials
-        except KubeconfigError as exc:
-            raise UsageError(str(exc)) from None
-    if kubeconfig is None:
-        if not _any_file(str(DEFAULT_KUBECONFIG)):
-            raise UsageError(
-                f"no kubeconfig: not running in a cluster and {DEFAULT_KUBECONFIG} does not "
-                "exist; pass --kubeconfig or set KUBECONFIG"
-            )
-        kubeconfig = DEFAULT_KUBECONFIG  # the client library expands the ~
-    if not _any_file(kubeconfig):
-        raise UsageError(
-            f"kubeconfig {kubeconfig}: no such file; pass --kubeconfig or set KUBECONFIG"
-        )
-    config = k8s.Configuration()
     try:
-        await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=config)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise UsageError(f"kubeconfig {kubeconfig} is not valid YAML{where}") from None
-    except (TypeError, AttributeError):
-        raise UsageError(
-            f"kubeconfig {kubeconfig} is not a kubeconfig (a YAML mapping with clusters, "
-            "contexts, users and current-context)"
-        ) from None
-    except (k8s_config.ConfigException, ValueError, KeyError, OSError) as exc:
-        detail = _one_line(exc).removeprefix("Invalid kube-config file. ")
-        raise UsageError(f"kubeconfig {kubeconfig} is not valid: {detail}") from None
-    return config
+        return await configuration(kubeconfig)
+    except KubeconfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 @contextlib.asynccontextmanager
