@@ -18,6 +18,7 @@ from scalable_topics.core.rebuild import (
     LayoutRebuildError,
     SegmentRecord,
     broker_report,
+    one_report_each,
     orphans,
     rebuild_layout,
     record_from_segment,
@@ -383,6 +384,22 @@ def test_a_segment_on_two_brokers_is_an_error() -> None:
         rebuild_layout([], reports)
     # A Segment resource says which one: the rebuild uses it, not the brokers' copies.
     assert rebuild_layout([record(0, 0, 0xFFFF)], reports).from_brokers == {}
+
+
+def test_one_report_each_names_a_segment_on_two_brokers() -> None:
+    """The rule the rebuild and the write-back of a missing Segment share."""
+    layout = SegmentLayout.initial(2)
+    reports = [*reports_of(layout), *reports_of(layout, {0: "segment-broker-1"})]
+    problems: list[str] = []
+    found = one_report_each(reports, problems)
+    assert problems == [
+        "segment 0 is on two brokers (segment-broker-0 and segment-broker-1) and no Segment "
+        "resource says which one owns it"
+    ]
+    assert sorted(found) == [0, 1] and found[0].pod == "segment-broker-0"
+    problems.clear()
+    assert sorted(one_report_each(reports, problems, known={0})) == [0, 1]
+    assert problems == []
 
 
 # -- brokers -------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from ..core.layout import SegmentInfo, SegmentLayout
 from ..core.operation import Operation, plan_merge, plan_rebucket, plan_split
 from ..core.policy import AutoScalePolicy, format_duration
 from ..core.rebuild import (
-    BrokerReport,
+    one_report_each,
     orphans,
     rebuild_layout,
     record_from_segment,
@@ -511,18 +511,12 @@ class TopicReconciler:
             reports = await broker_reports(self.brokers, self.cache, ns, name, segments)
         except BrokersUnanswered as exc:
             raise SegmentsUnavailable(missing, str(exc)) from None
-        found: dict[int, BrokerReport] = {}
-        for report in reports:
-            if report.segment_id not in missing:
-                continue
-            other = found.get(report.segment_id)
-            if other is not None and other.pod != report.pod:
-                raise SegmentsUnavailable(
-                    missing,
-                    f"segment {report.segment_id} has no Segment and is on two brokers "
-                    f"({other.pod}, {report.pod}): delete the copy that is not wanted",
-                )
-            found[report.segment_id] = report
+        problems: list[str] = []
+        found = one_report_each((r for r in reports if r.segment_id in missing), problems)
+        if problems:
+            raise SegmentsUnavailable(
+                missing, "; ".join(problems) + ": delete the copy that is not wanted"
+            )
         if not found:
             return
         await write_missing_segments(self.kube, self.cache, topic, layout, found)

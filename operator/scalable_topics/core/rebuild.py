@@ -38,6 +38,7 @@ __all__ = [
     "Rebuilt",
     "SegmentRecord",
     "broker_report",
+    "one_report_each",
     "orphans",
     "rebuild_layout",
     "record_from_segment",
@@ -184,12 +185,11 @@ def broker_report(stats: Mapping[str, Any], pod: str, url: str) -> BrokerReport:
         raise ValueError(f"broker {pod}: segment {stats.get('segmentId')!r}: {exc}") from None
 
 
-def _records_from_brokers(
-    reports: Iterable[BrokerReport], problems: list[str], known: Collection[int]
-) -> dict[int, tuple[SegmentRecord, BrokerReport]]:
-    """A record per segment the brokers hold: parents are the sealed segments that name it as a
-    successor (a parent's seal lists its children), fenced is ``Pending``. A segment on two
-    brokers is a problem unless its Segment resource (``known``) says where it lives."""
+def one_report_each(
+    reports: Iterable[BrokerReport], problems: list[str], known: Collection[int] = ()
+) -> dict[int, BrokerReport]:
+    """The brokers' report of each segment. A segment on two brokers is a problem (appended to
+    ``problems``) unless its Segment resource (``known``) says where it lives."""
     by_id: dict[int, BrokerReport] = {}
     for report in reports:
         other = by_id.get(report.segment_id)
@@ -200,6 +200,16 @@ def _records_from_brokers(
             )
             continue
         by_id[report.segment_id] = report
+    return by_id
+
+
+def _records_from_brokers(
+    reports: Iterable[BrokerReport], problems: list[str], known: Collection[int]
+) -> dict[int, tuple[SegmentRecord, BrokerReport]]:
+    """A record per segment the brokers hold (:func:`one_report_each`): parents are the sealed
+    segments that name it as a successor (a parent's seal lists its children), fenced is
+    ``Pending``."""
+    by_id = one_report_each(reports, problems, known)
     parents: dict[int, list[int]] = defaultdict(list)
     for report in sorted(by_id.values(), key=lambda r: r.hash_range.start):
         for child in report.successors:
