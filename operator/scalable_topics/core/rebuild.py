@@ -475,15 +475,7 @@ def rebuild_layout(
         if info.child_ids:
             recorded = committed[sid].sealed_at_epoch
             sealed_at = recorded or min(created[c] for c in info.child_ids)
-            infos[sid] = SegmentInfo(
-                info.segment_id,
-                info.hash_range,
-                info.state,
-                info.parent_ids,
-                info.child_ids,
-                info.created_at_epoch,
-                max(1, sealed_at),
-            )
+            infos[sid] = replace(info, sealed_at_epoch=max(1, sealed_at))
     layout = SegmentLayout(_epoch_bound(records), max(committed) + 1, infos)
     try:
         layout.validate()
