@@ -257,7 +257,7 @@ def how_to_run(doc: DocCommand) -> How | None:
     """The entry for ``doc`` (``None``: not run)."""
     how = RUN.get((doc.file, doc.command))
     if isinstance(how, tuple):
-        return how[doc.occurrence - 1]
+        return how[doc.occurrence - 1] if doc.occurrence <= len(how) else None
     return how
 
 
@@ -451,7 +451,12 @@ def _until_shown(running: Running, text: str) -> None:
     def shown() -> bool:
         return text in running.out() or running.proc.poll() is not None
 
-    _until(f"{text!r} from {running.doc.command!r}", shown, COMMAND_TIMEOUT)
+    deadline = time.monotonic() + COMMAND_TIMEOUT
+    while not shown():
+        assert time.monotonic() < deadline, running.report(
+            f"did not show {text!r} within {COMMAND_TIMEOUT:g}s"
+        )
+        time.sleep(0.1)
     assert running.proc.poll() is None, running.report(
         f"exited {running.proc.returncode} instead of running in the foreground"
     )
@@ -467,14 +472,16 @@ class Checkout:
     logs: Path
     kubeconfig: Path
 
-    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, check: bool = True, within: float = COMMAND_TIMEOUT
+    ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
             cwd=self.work,
             env=self.env,
             capture_output=True,
             text=True,
-            timeout=COMMAND_TIMEOUT,
+            timeout=within,
         )
         if check and result.returncode:
             raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr or result.stdout}")
@@ -574,7 +581,11 @@ def fresh_topic(checkout: Checkout) -> None:
     _until(f"{TOPIC} and its segments to be deleted", gone, READY_WITHIN, interval=0.5)
     checkout.kubectl("apply", "-f", str(REPO / TOPIC_MANIFEST))
     checkout.kubectl(
-        "wait", "--for=condition=Ready", f"stopic/{TOPIC}", f"--timeout={READY_WITHIN:.0f}s"
+        "wait",
+        "--for=condition=Ready",
+        f"stopic/{TOPIC}",
+        f"--timeout={READY_WITHIN:.0f}s",
+        within=READY_WITHIN + 10,
     )
 
 
