@@ -56,7 +56,7 @@ from ..core.resources import (
 from ..kubeapi import api_client
 from ..localcluster.datadir import EXIT_IN_USE, DataDirInUse
 from . import demo_progress
-from .local import DEFAULT_STOP_GRACE, UnusableDataDir, holder_of, shell_setup
+from .local import DEFAULT_STOP_GRACE, refuse_start, shell_setup
 from .topics import dag_text
 
 NAMESPACE = "default"
@@ -514,14 +514,9 @@ def _pod_ready(pod: Any) -> bool:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
-    try:
-        holder = holder_of(data_dir)
-    except UnusableDataDir as exc:
-        print(f"stopic: {exc}", file=sys.stderr)
-        return 1
-    if holder is not None:  # LocalCluster.start() would refuse too, after a second of set-up
-        print(f"stopic: {DataDirInUse(data_dir, holder)}", file=sys.stderr)
-        return EXIT_IN_USE
+    refused = refuse_start(data_dir)
+    if refused is not None:
+        return refused
     demo = Demo(data_dir, phase_timeout=args.phase_timeout)
 
     async def main() -> int:

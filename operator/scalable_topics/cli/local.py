@@ -48,6 +48,21 @@ def holder_of(data_dir: Path) -> Holder | None:
         raise UnusableDataDir(f"cannot use {data_dir} as a data directory: {exc.strerror}") from exc
 
 
+def refuse_start(data_dir: Path) -> int | None:
+    """The exit status refusing to start a control plane on ``data_dir`` (having said why on
+    stderr) when it cannot be used or another one holds it; ``None``: go ahead. The start takes
+    the lock and would refuse too, but only after its set-up."""
+    try:
+        holder = holder_of(data_dir)
+    except UnusableDataDir as exc:
+        err(str(exc))
+        return 1
+    if holder is not None:
+        err(str(DataDirInUse(data_dir, holder)))
+        return EXIT_IN_USE
+    return None
+
+
 def shell_setup(kubeconfig: Path) -> list[str]:
     """The lines that make ``kubectl``, ``stopic`` and ``kubectl stopic`` work, against this
     cluster, in a new terminal (where the virtualenv's ``bin`` is not on ``PATH``)."""
@@ -64,14 +79,9 @@ def shell_setup(kubeconfig: Path) -> list[str]:
 def cmd_local_up(args: argparse.Namespace) -> int:
     """Run the embedded cluster in the foreground until Ctrl-C or SIGTERM."""
     data_dir = Path(args.data_dir).absolute()
-    try:
-        holder = holder_of(data_dir)
-    except UnusableDataDir as exc:
-        err(str(exc))
-        return 1
-    if holder is not None:
-        err(str(DataDirInUse(data_dir, holder)))
-        return EXIT_IN_USE
+    refused = refuse_start(data_dir)
+    if refused is not None:
+        return refused
 
     from ..localcluster.cluster import KubeletUnavailable, LocalCluster
 
