@@ -212,9 +212,16 @@ RUN: dict[tuple[str, str], How | tuple[How, ...]] = {
 }
 """How each documented command that runs here is run (a tuple: one per occurrence in the file)."""
 
-PRODUCTION = "the production images need a real cluster; tests/e2e checks a deployed one"
+PRODUCTION = (
+    "production images and settings for a real cluster; here it would replace the local "
+    "overlay's objects (same names). tests/e2e, run above, checks a deployed cluster"
+)
 NOT_RUN: dict[tuple[str, str], str] = {
-    ("README.md", "make run"): "the demo: tests/integration/test_demo_*.py and CI run it",
+    ("README.md", "make run"): (
+        "the demo runs on .local/run, which this module's cluster (the same control plane, "
+        "operator and brokers) holds; README's next lines run against that; "
+        "tests/integration/test_demo_start_state.py covers the demo's start"
+    ),
     ("README.md", "make test"): "the suite this test is part of",
     ("docs/operations.md", "kubectl apply -k manifests/base"): PRODUCTION,
     ("docs/operator.md", "kubectl apply -k manifests/base"): PRODUCTION,
