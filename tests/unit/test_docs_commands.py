@@ -3,9 +3,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.docs_commands import DocCommand, expected_lead, extract, mentions, strip_comment
+from tests.docs_commands import (
+    DocCommand,
+    doc_files,
+    expected_lead,
+    extract,
+    mentions,
+    strip_comment,
+)
 
 DOC = """# Title
 
@@ -100,3 +109,26 @@ def test_expected_lead_stops_at_the_first_word_that_varies(
 def test_mentions_ignores_column_widths() -> None:
     assert mentions("NAME   ACTIVE\tEPOCH  READY\n", "NAME ACTIVE EPOCH")
     assert not mentions("NAME ACTIVE READY", "NAME ACTIVE EPOCH")
+
+
+def test_doc_files_are_the_readme_the_docs_and_other_readmes(tmp_path: Path) -> None:
+    for name in (
+        "README.md",
+        "docs/z.md",
+        "docs/dev/a.md",
+        "docs/README.md",
+        "manifests/examples/README.md",
+        "bench/README.md",
+        "bench/notes.md",
+        ".venv/lib/pkg/README.md",
+    ):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x\n")
+    assert [p.relative_to(tmp_path).as_posix() for p in doc_files(tmp_path)] == [
+        "README.md",
+        "docs/README.md",
+        "docs/dev/a.md",
+        "docs/z.md",
+        "bench/README.md",
+        "manifests/examples/README.md",
+    ]
