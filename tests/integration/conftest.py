@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from scalable_topics.localcluster.cluster import LocalCluster
 from segment_broker.testing import BrokerProcess
@@ -85,6 +87,21 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {within}s")
         await asyncio.sleep(interval)
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+"""Metric samples by name and sorted ``(label, value)`` pairs."""
+
+
+async def metric_samples(url: str) -> Samples:
+    """Every sample a process (a broker, the operator) serves at ``<url>/metrics``."""
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
+        text = await resp.text()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 @pytest.fixture

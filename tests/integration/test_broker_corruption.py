@@ -15,7 +15,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from scalable_topics.client.segment import (
     AdminError,
@@ -28,6 +27,8 @@ from scalable_topics.core import wire
 from scalable_topics.core.wire import Message, decode_entry
 from segment_broker.storage.log import RECORD_HEADER_SIZE, scan_records
 from segment_broker.testing import BrokerProcess
+
+from .conftest import metric_samples
 
 pytestmark = pytest.mark.integration
 
@@ -58,16 +59,6 @@ async def _consume(url: str, segment_id: int, count: int) -> list[tuple[int, byt
                 out.append((item.position, decode_entry(item.entry)[1][0].value))
         consumer.ack_cumulative(out[-1][0])
     return out
-
-
-async def _samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
-        text = await resp.text()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 async def _get(url: str) -> Any:
@@ -119,7 +110,7 @@ async def test_a_flipped_bit_quarantines_its_segment_and_the_broker_serves_the_o
             if stop == "terminate"
             else "checksum mismatch; intact records follow it"
         )
-        samples = await _samples(broker.url)
+        samples = await metric_samples(broker.url)
         assert samples[("segment_broker_corrupt_segments", ())] == 1
         assert samples[("segment_broker_corruptions_total", (("source", "recovery"),))] == 1
         assert samples[("segment_broker_torn_tail_truncations_total", ())] == 0
@@ -191,7 +182,7 @@ async def test_a_flipped_bit_quarantines_its_segment_and_the_broker_serves_the_o
             }
         assert log_file.read_bytes() == damaged[: offsets[BAD]]
         assert "truncated at position 150 by an operator" in broker.logs()
-        samples = await _samples(broker.url)
+        samples = await metric_samples(broker.url)
         assert samples[("segment_broker_corrupt_segments", ())] == 0
         assert samples[("segment_broker_corruption_truncations_total", ())] == 1
 

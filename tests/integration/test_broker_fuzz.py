@@ -12,12 +12,13 @@ import pytest
 import yarl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from scalable_topics.client.segment import SegmentAdmin, SegmentConsumer, SegmentProducer
 from scalable_topics.core import wire
 from scalable_topics.core.wire import Message
 from segment_broker.testing import BrokerProcess
+
+from .conftest import metric_samples
 
 pytestmark = pytest.mark.integration
 
@@ -201,15 +202,8 @@ def test_admin_answers_garbage_bodies_with_client_errors(
 
 
 async def _protocol_errors(url: str, kind: str) -> float:
-    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as resp:
-        text = await resp.text()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "segment_broker_protocol_errors_total" and sample.labels == {
-                "kind": kind
-            }:
-                return sample.value
-    return 0.0
+    samples = await metric_samples(url)
+    return samples.get(("segment_broker_protocol_errors_total", (("kind", kind),)), 0.0)
 
 
 def test_a_connection_cannot_write_under_another_producers_name(broker: BrokerProcess) -> None:

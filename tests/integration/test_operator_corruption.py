@@ -12,9 +12,7 @@ import os
 import signal
 from pathlib import Path
 
-import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from scalable_topics.client import ScalableTopicProducer, SegmentCorruptedError, StreamConsumer
 from scalable_topics.client.segment import SegmentAdmin, SegmentProducer
@@ -25,6 +23,7 @@ from segment_broker.storage.log import RECORD_HEADER_SIZE, scan_records
 from tests.chaos.nemesis import _container, _pid
 from tests.chaos.scenario import service_url
 
+from .conftest import metric_samples
 from .operator_harness import (
     NAMESPACE,
     JsonObj,
@@ -167,12 +166,5 @@ async def test_a_corrupted_segment_makes_the_topic_stalled_until_it_is_truncated
 
 async def consumer_attaches(broker_url: str) -> float:
     """``segment_broker_connections_total{role="consumer"}`` of the broker."""
-    async with aiohttp.ClientSession() as session, session.get(broker_url + "/metrics") as resp:
-        text = await resp.text()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "segment_broker_connections_total" and sample.labels == {
-                "role": "consumer"
-            }:
-                return float(sample.value)
-    return 0.0
+    samples = await metric_samples(broker_url)
+    return samples.get(("segment_broker_connections_total", (("role", "consumer"),)), 0.0)
