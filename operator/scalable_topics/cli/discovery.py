@@ -124,25 +124,28 @@ async def find_operator(
         if problem is not None:
             raise UnreachableError(f"--service-url {service_url}: {problem}")
         return Target(service_url)
-    async with kube_api(kubeconfig, request_timeout) as api:
-        obj = await read_topic(api, namespace, topic)
-        candidates: list[tuple[str, str]] = []
-        leader = ((obj.get("status") or {}).get("controller") or {}).get("url")
-        if leader:
-            candidates.append(("status.controller.url", str(leader)))
-        service = await _operator_service(api, operator_namespace)
-        if service:
-            candidates.append((f"Service {operator_namespace}/{OPERATOR_SERVICE}", service))
     tried: list[str] = []
-    for label, url in candidates:
+
+    async def answers(label: str, url: str) -> bool:
         try:
             problem = await probe(session, url, namespace, topic)
         except NotFoundError:
             problem = "does not serve the topic yet"
-        if problem is None:
-            return Target(url, obj, tried)
-        tried.append(f"{label} {url}: {problem}")
-    if not candidates:
+        if problem is not None:
+            tried.append(f"{label} {url}: {problem}")
+        return problem is None
+
+    async with kube_api(kubeconfig, request_timeout) as api:
+        obj = await read_topic(api, namespace, topic)
+        leader = ((obj.get("status") or {}).get("controller") or {}).get("url")
+        if leader and await answers("status.controller.url", str(leader)):
+            return Target(str(leader), obj, tried)
+        # Only when the leader's own URL does not answer from here (e.g. a pod address seen
+        # from outside the cluster) is the Service worth a read.
+        service = await _operator_service(api, operator_namespace)
+    if service and await answers(f"Service {operator_namespace}/{OPERATOR_SERVICE}", service):
+        return Target(service, obj, tried)
+    if not leader and not service:
         tried.append(
             "the topic has no status.controller.url (is the operator running?) and there is no "
             f"Service {operator_namespace}/{OPERATOR_SERVICE}"
