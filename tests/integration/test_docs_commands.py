@@ -216,6 +216,15 @@ PRODUCTION = (
     "production images and settings for a real cluster; here it would replace the local "
     "overlay's objects (same names). tests/e2e, run above, checks a deployed cluster"
 )
+BENCH = (
+    "a benchmark of minutes that starts its own brokers and peers (make bench); "
+    "tests/integration/test_bench_smoke.py runs its quick form"
+)
+TRUNCATE = (
+    "the repair of a corrupted segment: it needs a damaged log and port-forward, which the "
+    "embedded control plane lacks; tests/integration/test_operator_corruption.py makes the same "
+    "admin call (SegmentAdmin.truncate) on a segment it corrupted"
+)
 NOT_RUN: dict[tuple[str, str], str] = {
     ("README.md", "make run"): (
         "the demo runs on .local/run, which this module's cluster (the same control plane, "
@@ -223,6 +232,24 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "tests/integration/test_demo_start_state.py covers the demo's start"
     ),
     ("README.md", "make test"): "the suite this test is part of",
+    ("docs/correctness.md", ".venv/bin/pytest -s tests/integration/test_chaos.py"): (
+        "part of this suite"
+    ),
+    ("docs/correctness.md", ".venv/bin/python -m bench.run --only chaos"): BENCH,
+    ("docs/correctness.md", ".venv/bin/python -m bench.chaos --runs 3"): BENCH,
+    (
+        "docs/operations.md",
+        "kubectl -n scalable-topics port-forward pod/segment-broker-0 18080:8080 &",
+    ): (TRUNCATE),
+    (
+        "docs/operations.md",
+        "curl -sS -X POST http://127.0.0.1:18080/admin/v1/segments/default/orders/3/truncate "
+        "-H 'Content-Type: application/json' "
+        """-d '{"position": 1234, "acknowledgeLoss": "default/orders/3"}'""",
+    ): TRUNCATE,
+    ("bench/README.md", "make bench"): BENCH,
+    ("bench/README.md", ".venv/bin/python -m bench.run --quick"): BENCH,
+    ("bench/README.md", ".venv/bin/python -m bench.run --only broker"): BENCH,
     ("docs/operations.md", "kubectl apply -k manifests/base"): PRODUCTION,
     ("docs/operator.md", "kubectl apply -k manifests/base"): PRODUCTION,
     (
