@@ -510,6 +510,26 @@ async def test_ctrl_c_ends_dag_watch(stack: Stack, roundtrip: RoundTrip) -> None
     assert_interrupted(proc, took, err)
 
 
+async def test_dag_watch_into_a_closed_pipe_ends_quietly(
+    stack: Stack, roundtrip: RoundTrip
+) -> None:
+    """`stopic dag TOPIC --watch | head -3`: once the reader is gone the command ends with
+    status 0 and says nothing (it used to report "connection failed: Broken pipe")."""
+    proc = await asyncio.create_subprocess_exec(
+        "bash",
+        "-c",
+        f"{STOPIC} dag roundtrip --watch --interval 0.2 | head -3; exit ${{PIPESTATUS[0]}}",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=user_env(stack),
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert err.decode() == ""
+    assert len(out.decode().splitlines()) == 3
+
+
 # -- kubectl output ------------------------------------------------------------------------------
 
 

@@ -40,7 +40,7 @@ from ..client import (
 )
 from . import args as cli_args
 from .discovery import DEFAULT_OPERATOR_NAMESPACE, Target, find_operator
-from .errors import CliError, NotFoundError, UnreachableError, UsageError
+from .errors import CliError, NotFoundError, UnreachableError, UsageError, stdout_gone
 
 log = logging.getLogger("scalable_topics.cli")
 
@@ -151,7 +151,7 @@ class _Sent:
                 print(f"{key or ''}\t{_format_id(future.result())}", flush=True)
             except BrokenPipeError:
                 self.verbose_ids = False
-                _stdout_gone()
+                stdout_gone()
 
     async def wait(self) -> None:
         if self.futures:
@@ -367,7 +367,7 @@ async def cmd_consume(args: argparse.Namespace) -> int:
                         out.write(format_message(message, args.output))
                         out.flush()
                     except BrokenPipeError:
-                        _stdout_gone()
+                        stdout_gone()
                         break
                 await consumer.ack(message)
                 received += 1
@@ -389,14 +389,6 @@ async def cmd_consume(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
     return 0
-
-
-def _stdout_gone() -> None:
-    """The reader of stdout went away (``| head``): stop quietly, and keep the interpreter's
-    final flush from failing too."""
-    with contextlib.suppress(OSError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
 
 
 # -- bench ---------------------------------------------------------------------------------------

@@ -7,6 +7,10 @@ Exceptions of the libraries underneath are mapped by ``main.describe_error``.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -48,3 +52,11 @@ class Interrupted(CliError):
     def __init__(self, exit_code: int) -> None:
         super().__init__("interrupted")
         self.exit_code = exit_code
+
+
+def stdout_gone() -> None:
+    """The reader of stdout went away (``| head``): stop quietly, and keep the interpreter's
+    final flush from failing too."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())

@@ -31,6 +31,7 @@ from .errors import (
     EXIT_USAGE,
     CliError,
     Interrupted,
+    stdout_gone,
 )
 
 SIGNAL_GRACE = 1.6
@@ -208,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except Interrupted as exc:
         return exc.exit_code
+    except BrokenPipeError:
+        stdout_gone()  # `stopic dag --watch | head`: the reader has what it wanted
+        return 0
     except Exception as exc:
         code, line = describe_error(exc)
         if args.verbose:
