@@ -12,10 +12,10 @@ import json
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import pytest
@@ -39,14 +39,28 @@ class KubectlResult:
         return json.loads(self.stdout)
 
 
+class KubectlTarget(Protocol):
+    """What :func:`run_kubectl` needs of a cluster: ``LocalCluster`` or ``ControlPlane``."""
+
+    @property
+    def kubeconfig(self) -> Path: ...
+
+    @property
+    def data_dir(self) -> Path: ...
+
+
 async def run_kubectl(
-    cluster: LocalCluster,
+    cluster: KubectlTarget,
     *args: str,
     input: str | None = None,
     check: bool = True,
     within: float = 60,
+    kubectl: Sequence[str] = (KUBECTL,),
 ) -> KubectlResult:
-    """Run ``kubectl --kubeconfig <cluster>`` without blocking the loop the server runs on."""
+    """Run ``kubectl --kubeconfig <cluster>`` without blocking the loop the server runs on.
+
+    ``kubectl`` is the command (the machine's by default; ``(kube, "kubectl")`` for the one in
+    the real control plane's binary)."""
     env = {
         **os.environ,
         "KUBECONFIG": str(cluster.kubeconfig),
@@ -54,7 +68,7 @@ async def run_kubectl(
         "HOME": str(cluster.data_dir),
     }
     proc = await asyncio.create_subprocess_exec(
-        KUBECTL,
+        *kubectl,
         *args,
         stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
