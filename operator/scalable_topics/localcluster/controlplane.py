@@ -74,6 +74,11 @@ CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
 SCHEDULER_USER = "system:kube-scheduler"
 """The users the bootstrap RBAC policy grants the controller-manager's and scheduler's
 permissions to: their client certificates carry exactly these names."""
+NODE_USER_PREFIX = "system:node:"
+NODES_GROUP = "system:nodes"
+"""A kubelet's identity: user ``system:node:<node name>`` in group ``system:nodes``, which the
+Node authorizer and the NodeRestriction admission plugin recognise."""
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 CERT_DAYS = 3650
 """Every certificate lasts ten years: a data directory is a developer's, and a cluster that
@@ -198,6 +203,52 @@ def _ec_key(openssl: str, path: str, cwd: Path) -> None:
     )  # fmt: skip
 
 
+def _issue(openssl: str, leaf: _Leaf, pki_dir: Path) -> None:
+    """A key and a certificate for ``leaf`` signed by the CA in ``pki_dir``."""
+    _ec_key(openssl, f"{leaf.name}.key", pki_dir)
+    ext = [
+        "basicConstraints=critical,CA:FALSE",
+        "keyUsage=critical,digitalSignature,keyEncipherment",
+        f"extendedKeyUsage={leaf.usage}",
+    ]
+    if leaf.sans:
+        ext.append(f"subjectAltName={','.join(leaf.sans)}")
+    (pki_dir / f"{leaf.name}.ext").write_text("\n".join(ext) + "\n")
+    csr = _openssl(
+        openssl, "req", "-new", "-key", f"{leaf.name}.key", "-subj", leaf.subject, cwd=pki_dir
+    )
+    _openssl(
+        openssl, "x509", "-req", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-set_serial", f"0x{secrets.token_hex(16)}", "-days", str(CERT_DAYS),
+        "-extfile", f"{leaf.name}.ext", "-out", f"{leaf.name}.crt",
+        cwd=pki_dir, input=csr,
+    )  # fmt: skip
+    (pki_dir / f"{leaf.name}.ext").unlink()
+    (pki_dir / f"{leaf.name}.key").chmod(0o600)
+
+
+def node_user(node_name: str) -> str:
+    """The user a node's kubelet authenticates as (the Node authorizer keys on it)."""
+    return f"{NODE_USER_PREFIX}{node_name}"
+
+
+def ensure_node_certificate(pki_dir: Path, node_name: str) -> str:
+    """The kubelet client certificate of ``node_name`` (``CN=system:node:<name>``,
+    ``O=system:nodes``), issued by the cluster's CA once; returns its file stem in ``pki_dir``."""
+    if not _NODE_NAME.fullmatch(node_name):
+        raise ValueError(
+            f"node name {node_name!r} must be a lowercase DNS label "
+            "(letters, digits and '-', at most 63 characters)"
+        )
+    leaf = _Leaf(f"node-{node_name}", f"/O={NODES_GROUP}/CN={node_user(node_name)}", "clientAuth")
+    if not (pki_dir / f"{leaf.name}.crt").is_file():
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            raise ControlPlaneError("openssl is not on PATH: it makes the cluster's certificates")
+        _issue(openssl, leaf, pki_dir)
+    return leaf.name
+
+
 def ensure_pki(pki_dir: Path) -> None:
     """Make the cluster's CA, certificates and ServiceAccount key once (openssl).
 
@@ -226,25 +277,7 @@ def ensure_pki(pki_dir: Path) -> None:
         cwd=tmp,
     )  # fmt: skip
     for leaf in _LEAVES:
-        _ec_key(openssl, f"{leaf.name}.key", tmp)
-        ext = [
-            "basicConstraints=critical,CA:FALSE",
-            "keyUsage=critical,digitalSignature,keyEncipherment",
-            f"extendedKeyUsage={leaf.usage}",
-        ]
-        if leaf.sans:
-            ext.append(f"subjectAltName={','.join(leaf.sans)}")
-        (tmp / f"{leaf.name}.ext").write_text("\n".join(ext) + "\n")
-        csr = _openssl(
-            openssl, "req", "-new", "-key", f"{leaf.name}.key", "-subj", leaf.subject, cwd=tmp
-        )
-        _openssl(
-            openssl, "x509", "-req", "-CA", "ca.crt", "-CAkey", "ca.key",
-            "-set_serial", f"0x{secrets.token_hex(16)}", "-days", str(CERT_DAYS),
-            "-extfile", f"{leaf.name}.ext", "-out", f"{leaf.name}.crt",
-            cwd=tmp, input=csr,
-        )  # fmt: skip
-        (tmp / f"{leaf.name}.ext").unlink()
+        _issue(openssl, leaf, tmp)
     # RSA: the API server signs ServiceAccount tokens with RS256 by default.
     _openssl(
         openssl, "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
@@ -393,6 +426,16 @@ class ControlPlane:
         if component not in (CONTROLLER_MANAGER, SCHEDULER):
             raise ValueError(f"{component!r} has no kubeconfig of its own")
         return self.data_dir / f"{component}.kubeconfig"
+
+    def node_kubeconfig(self, node_name: str) -> Path:
+        """A kubeconfig for the kubelet of ``node_name``: a client certificate for
+        ``system:node:<name>`` in ``system:nodes`` (made once, by the cluster's CA), and the
+        API server's current address. Written again at each call (the port changes on
+        restart); the plane must be running."""
+        stem = ensure_node_certificate(self.pki_dir, node_name)
+        path = self.data_dir / f"{stem}.kubeconfig"
+        write_kubeconfig(path, self.url, self.pki_dir, stem, node_user(node_name))
+        return path
 
     def log_path(self, component: str) -> Path:
         return self.log_dir / f"{component}.log"

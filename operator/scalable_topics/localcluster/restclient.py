@@ -1,22 +1,29 @@
 """A small typed async client of the Kubernetes REST API, plus a list+watch informer.
 
 The kubelet and the workload controllers talk to the embedded API server only through this, over
-HTTP with a bearer token, the way the real kubelet and controller-manager do.
+HTTP with a bearer token, the way the real kubelet and controller-manager do; against the real
+API server (``controlplane.py``) the kubelet speaks TLS with a client certificate read from its
+kubeconfig (:func:`client_from_kubeconfig`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
+import ssl
+import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+import yaml
 
 log = logging.getLogger(__name__)
 
@@ -86,17 +93,29 @@ def _error_from(status: int, text: str) -> ApiError:
 
 
 class RestClient:
-    """Async JSON client for one API server (``api_url``) with a bearer token."""
+    """Async JSON client for one API server (``api_url``).
 
-    def __init__(self, api_url: str, token: str) -> None:
+    It authenticates with a bearer ``token``, or with the client certificate of ``ssl_context``
+    (which also says which CA the server's certificate must chain to), or both.
+    """
+
+    def __init__(
+        self, api_url: str, token: str | None = None, *, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self.api_url = api_url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        self._headers = {"Accept": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._ssl = ssl_context
         self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            connector = None if self._ssl is None else aiohttp.TCPConnector(ssl=self._ssl)
             self._session = aiohttp.ClientSession(
-                headers=self._headers, timeout=aiohttp.ClientTimeout(total=30)
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=30),
+                connector=connector,
             )
         return self._session
 
@@ -209,7 +228,12 @@ class RestClient:
             raise
 
     async def watch(
-        self, res: Resource, resource_version: str, *, timeout_seconds: int = 290
+        self,
+        res: Resource,
+        resource_version: str,
+        *,
+        timeout_seconds: int = 290,
+        field_selector: str | None = None,
     ) -> AsyncIterator[tuple[str, JsonObj]]:
         """Yield ``(type, object)`` events after ``resource_version``.
 
@@ -221,6 +245,8 @@ class RestClient:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_seconds),
         }
+        if field_selector:
+            params["fieldSelector"] = field_selector
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30)
         async with self._http().get(
             self.api_url + res.path(), params=params, timeout=timeout
@@ -248,6 +274,59 @@ class RestClient:
                 yield etype, obj
 
 
+class KubeconfigError(ValueError):
+    """A kubeconfig this client cannot use (the message says what is missing)."""
+
+
+def _kubeconfig_bytes(entry: Mapping[str, Any], key: str, base: Path) -> bytes | None:
+    """``<key>-data`` (base64) or the file ``<key>`` names (relative to the kubeconfig)."""
+    data = entry.get(f"{key}-data")
+    if data:
+        return base64.b64decode(str(data))
+    name = entry.get(key)
+    if name:
+        return (base / str(name)).read_bytes()
+    return None
+
+
+def client_from_kubeconfig(path: Path | str) -> RestClient:
+    """A client for the current context of the kubeconfig at ``path``: its server, its CA
+    (``certificate-authority[-data]``), and its user's client certificate and key or token."""
+    path = Path(path)
+    config = yaml.safe_load(path.read_text()) or {}
+
+    def named(kind: str, name: str) -> JsonObj:
+        for item in config.get(f"{kind}s") or []:
+            if item.get("name") == name:
+                return dict(item.get(kind) or {})
+        raise KubeconfigError(f"{path}: no {kind} named {name!r}")
+
+    context = named("context", str(config.get("current-context", "")))
+    cluster = named("cluster", str(context.get("cluster", "")))
+    user = named("user", str(context.get("user", ""))) if context.get("user") else {}
+    server = str(cluster.get("server", ""))
+    if not server:
+        raise KubeconfigError(f"{path}: the cluster has no server")
+    token = user.get("token")
+    if not server.startswith("https://"):
+        return RestClient(server, str(token) if token else None)
+    ca = _kubeconfig_bytes(cluster, "certificate-authority", path.parent)
+    context_ssl = ssl.create_default_context(cadata=None if ca is None else ca.decode())
+    cert = _kubeconfig_bytes(user, "client-certificate", path.parent)
+    key = _kubeconfig_bytes(user, "client-key", path.parent)
+    if (cert is None) != (key is None):
+        raise KubeconfigError(f"{path}: the user has a client certificate or key, not both")
+    if cert is not None and key is not None:
+        # ssl loads a certificate chain from files only: a private directory, gone at once.
+        with tempfile.TemporaryDirectory(prefix="kubeconfig-") as tmp:
+            cert_file, key_file = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+            cert_file.write_bytes(cert)
+            key_file.touch(mode=0o600)
+            key_file.write_bytes(key)
+            context_ssl.load_cert_chain(str(cert_file), str(key_file))
+    return RestClient(server, str(token) if token else None, ssl_context=context_ssl)
+
+
 Handler = Callable[[str, JsonObj], None]
 
 
@@ -261,12 +340,21 @@ class Informer:
 
     Resumes the watch from the last seen resourceVersion after a disconnect and relists after
     410 Gone (emitting ``DELETED`` for objects that vanished meanwhile). Handlers are plain
-    callables invoked on the event loop; they should only enqueue work.
+    callables invoked on the event loop; they should only enqueue work. ``field_selector``
+    narrows the list and the watch (the real kubelet's ``spec.nodeName=<node>``).
     """
 
-    def __init__(self, client: RestClient, res: Resource, *, retry_delay: float = 0.5) -> None:
+    def __init__(
+        self,
+        client: RestClient,
+        res: Resource,
+        *,
+        retry_delay: float = 0.5,
+        field_selector: str | None = None,
+    ) -> None:
         self.client = client
         self.res = res
+        self.field_selector = field_selector
         self.cache: dict[tuple[str, str], JsonObj] = {}
         self.synced = asyncio.Event()
         self._handlers: list[Handler] = []
@@ -298,7 +386,7 @@ class Informer:
                 log.exception("informer %s: handler failed", self.res.plural)
 
     async def _relist(self) -> str:
-        items, rv = await self.client.list(self.res)
+        items, rv = await self.client.list(self.res, field_selector=self.field_selector)
         fresh = {object_key(o): o for o in items}
         gone = [o for k, o in self.cache.items() if k not in fresh]
         self.cache = fresh
@@ -315,7 +403,9 @@ class Informer:
             try:
                 if rv is None:
                     rv = await self._relist()
-                async for etype, obj in self.client.watch(self.res, rv):
+                async for etype, obj in self.client.watch(
+                    self.res, rv, field_selector=self.field_selector
+                ):
                     new_rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if new_rv:
                         rv = str(new_rv)
