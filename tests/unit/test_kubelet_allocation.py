@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
+from scalable_topics.localcluster import kubelet as kubelet_module
 from scalable_topics.localcluster.kubelet import IPAllocator
 from scalable_topics.localcluster.restclient import PODS, Informer, RestClient
 from scalable_topics.localcluster.workloads import (
@@ -34,6 +39,22 @@ def test_each_cluster_draws_its_own_loopback_subnet(tmp_path: Path) -> None:
     assert IPAllocator(tmp_path / "a.json").subnet == first.subnet, "kept across restarts"
     subnets = {IPAllocator(tmp_path / f"{i}.json").subnet for i in range(20)}
     assert len(subnets | {second.subnet}) > 1, "subnets are drawn at random"
+
+
+def test_pod_subnets_avoid_the_service_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real control plane's ClusterIPs are 127.16.0.0/16: a draw landing there is redrawn,
+    and a subnet stored there before is replaced (its entries with it)."""
+    draws = iter([15, 0, 4, 7])  # 127.16.0 first, then 127.5.7
+    monkeypatch.setattr(secrets, "randbelow", lambda _: next(draws))
+    assert IPAllocator(tmp_path / "a.json").subnet == "127.5.7"
+    stale = tmp_path / "b.json"
+    stale.write_text(json.dumps({"subnet": "127.16.3", "pods": {"ns/p": {"ip": "127.16.3.2"}}}))
+    monkeypatch.setattr(kubelet_module, "_random_subnet", lambda: "127.9.9")
+    replaced = IPAllocator(stale)
+    assert replaced.subnet == "127.9.9" and replaced.get("ns/p") is None
+    assert json.loads(stale.read_text())["subnet"] == "127.9.9"
 
 
 def test_sticky_addresses_survive_release(tmp_path: Path) -> None:

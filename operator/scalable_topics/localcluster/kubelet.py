@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from .controlplane import SERVICE_CIDR
 from .podspec import (
     JsonObj,
     PodLayout,
@@ -64,6 +66,7 @@ log = logging.getLogger(__name__)
 NODE_NAME = "local"
 HOST_IP = "127.0.0.1"
 NODES = Resource("", "v1", "nodes", namespaced=False)
+SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts")
 
 
 class IPAllocator:
@@ -92,6 +95,9 @@ class IPAllocator:
                     stored_subnet = loaded.get("subnet")
                     pods = loaded.get("pods", {})
                     self._entries = {str(k): dict(v) for k, v in pods.items()}
+        if stored_subnet is not None and in_service_cidr(stored_subnet):
+            log.warning("pod subnet %s is in the Service range: drawing another", stored_subnet)
+            stored_subnet, self._entries = None, {}
         self.subnet = subnet or stored_subnet or _random_subnet()
         if stored_subnet != self.subnet:
             self._save()
@@ -142,9 +148,22 @@ class IPAllocator:
         return list(self._entries)
 
 
+_SERVICE_NETWORK = ipaddress.ip_network(SERVICE_CIDR)
+
+
+def in_service_cidr(subnet: str) -> bool:
+    """Whether the ``127.A.B`` subnet lies in the real control plane's Service ClusterIP range
+    (:data:`~.controlplane.SERVICE_CIDR`), where pod addresses must never be."""
+    return ipaddress.ip_address(f"{subnet}.0") in _SERVICE_NETWORK
+
+
 def _random_subnet() -> str:
-    """A ``127.A.B`` loopback subnet other than ``127.0.0`` (where the API server listens)."""
-    return f"127.{secrets.randbelow(254) + 1}.{secrets.randbelow(256)}"
+    """A ``127.A.B`` loopback subnet outside ``127.0`` (where the API servers listen) and
+    the Service ClusterIP range."""
+    while True:
+        subnet = f"127.{secrets.randbelow(254) + 1}.{secrets.randbelow(256)}"
+        if not in_service_cidr(subnet):
+            return subnet
 
 
 class Notifier:
@@ -225,6 +244,9 @@ class PodWorker:
         self._pusher: asyncio.Task[None] | None = None
         self._last_pushed: JsonObj | None = None
         self._objects: dict[tuple[str, str], JsonObj | None] = {}
+        self._tokens: dict[tuple[str, str], str] = {}
+        self._token_refresh_at = 0.0
+        self._token_refresher: asyncio.Task[None] | None = None
         self._fetched = False
         previous = {
             c.get("name"): c for c in (pod.get("status") or {}).get("containerStatuses") or []
@@ -304,7 +326,9 @@ class PodWorker:
         self._set_condition("Initialized", self.initialized)
         self._prepare_pod_dir()
         self.mark_changed()
-        self.agent.event(self.pod, "Scheduled", f"Successfully assigned {self.name} to {NODE_NAME}")
+        if self.agent.bind_unscheduled:
+            node = self.agent.node_name
+            self.agent.event(self.pod, "Scheduled", f"Successfully assigned {self.name} to {node}")
 
     def _prepare_pod_dir(self) -> None:
         """A new pod (uid) taking a name starts with fresh logs and emptyDirs."""
@@ -385,6 +409,73 @@ class PodWorker:
             if obj is None and not optional:
                 raise ContainerConfigError(f'{kind.lower()} "{name}" not found')
             self._objects[(kind, name)] = obj
+        await self._request_tokens()
+
+    def _token_sources(self) -> list[tuple[str, JsonObj]]:
+        """(volume name, ``serviceAccountToken`` source) of every projected token."""
+        found: list[tuple[str, JsonObj]] = []
+        for vol in (self.pod.get("spec") or {}).get("volumes") or []:
+            for source in (vol.get("projected") or {}).get("sources") or []:
+                if "serviceAccountToken" in source:
+                    found.append((vol["name"], source["serviceAccountToken"]))
+        return found
+
+    async def _request_tokens(self) -> None:
+        """A fresh ServiceAccount token per projected ``serviceAccountToken`` source, from the
+        TokenRequest API, bound to this Pod (it dies with the Pod) and for the audience the
+        source asks (the API server's own when none); a refresher renews them at 80% of their
+        lifetime, as the kubelet does."""
+        sources = self._token_sources()
+        if not sources:
+            return
+        account = (self.pod.get("spec") or {}).get("serviceAccountName") or "default"
+        soonest = float("inf")
+        for volume, source in sources:
+            body = {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {
+                    "audiences": [source["audience"]] if source.get("audience") else [],
+                    "expirationSeconds": int(source.get("expirationSeconds") or 3600),
+                    "boundObjectRef": {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": self.name,
+                        "uid": self.uid,
+                    },
+                },
+            }
+            path = SERVICE_ACCOUNTS.path(self.namespace, account, "token")
+            try:
+                answer = await self.agent.client.request("POST", path, body=body)
+            except ApiError as exc:
+                raise ContainerConfigError(
+                    f"requesting a token of serviceaccount {account!r}: {exc}"
+                ) from exc
+            status = answer.get("status") or {}
+            self._tokens[(volume, str(source.get("path", "token")))] = str(status.get("token", ""))
+            issued = time.time()
+            expires = _parse_rfc3339(status.get("expirationTimestamp"), issued + 600)
+            soonest = min(soonest, issued + 0.8 * (expires - issued))
+        self._token_refresh_at = soonest
+        if self._token_refresher is None:
+            self._token_refresher = asyncio.create_task(
+                self._refresh_tokens(), name=f"tokens:{self.name}"
+            )
+            self._tasks.append(self._token_refresher)
+
+    async def _refresh_tokens(self) -> None:
+        while True:
+            await asyncio.sleep(max(self._token_refresh_at - time.time(), 0.0))
+            try:
+                await self._request_tokens()
+            except (ContainerConfigError, aiohttp.ClientError, TimeoutError) as exc:
+                log.warning("pod %s/%s: token refresh failed: %s", self.namespace, self.name, exc)
+                self._token_refresh_at = time.time() + 5.0
+                continue
+            volumes = volume_sources(self.pod, self.layout)
+            for (volume, rel), token in self._tokens.items():
+                self._write_projection(volumes[volume], [], {rel: token})
 
     def _materialise_volumes(self, volumes: dict[str, Path]) -> None:
         for vol in (self.pod.get("spec") or {}).get("volumes") or []:
@@ -409,6 +500,9 @@ class PodWorker:
                         sources.append(
                             ("Secret", source["secret"].get("name", ""), source["secret"])
                         )
+                    elif "serviceAccountToken" in source:
+                        rel = str(source["serviceAccountToken"].get("path", "token"))
+                        downward[rel] = self._tokens.get((vol["name"], rel), "")
                     elif "downwardAPI" in source:
                         for item in source["downwardAPI"].get("items") or []:
                             if "fieldRef" in item:
@@ -452,7 +546,7 @@ class PodWorker:
     def _pod_with_status(self) -> JsonObj:
         pod = dict(self.pod)
         spec = dict(pod.get("spec") or {})
-        spec["nodeName"] = NODE_NAME
+        spec["nodeName"] = self.agent.node_name
         pod["spec"] = spec
         status = dict(pod.get("status") or {})
         status.update(
@@ -480,12 +574,13 @@ class PodWorker:
             env = container_env(container, pod, self._objects)
             mounts = container_mounts(container, volumes)
             extra = {
-                "KUBECONFIG": str(self.agent.kubeconfig),
                 "POD_IP": self.pod_ip or "",
                 "POD_NAME": self.name,
                 "POD_NAMESPACE": self.namespace,
                 "PYTHONUNBUFFERED": "1",
             }
+            if self.agent.kubeconfig is not None:
+                extra["KUBECONFIG"] = str(self.agent.kubeconfig)
             cmd = container_command(container, env, mounts, extra, os.environ)
         except PodSpecError as exc:
             raise ContainerConfigError(str(exc), exc.reason) from exc
@@ -696,7 +791,9 @@ class PodWorker:
         if self.conditions:
             self._set_condition("ContainersReady", containers_ready)
             self._set_condition("Ready", containers_ready)
-        status: JsonObj = {"phase": phase, "qosClass": "BestEffort"}
+        # The real API server sets the QoS class at creation and refuses a change.
+        qos = (self.pod.get("status") or {}).get("qosClass") or "BestEffort"
+        status: JsonObj = {"phase": phase, "qosClass": qos}
         if self.conditions:
             status["conditions"] = [
                 {
@@ -809,6 +906,13 @@ class PodWorker:
                 await self._pusher
 
 
+def _parse_rfc3339(value: Any, default: float) -> float:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return default
+
+
 def _left_run(sc: SupervisedContainer, started: float | None) -> Callable[[], bool]:
     """Predicate: the container is no longer in the run that started at ``started``."""
     return lambda: not (sc.running and sc.state.started_at == started)
@@ -827,19 +931,29 @@ def _port(container: JsonObj, port: Any) -> int:
 
 
 class NodeAgent:
-    """Watches Pods, runs those bound to (or schedulable on) the ``local`` node."""
+    """Watches Pods, runs those bound to (or schedulable on) node ``node_name``.
+
+    ``bind_unscheduled``: the imitation API server has no scheduler, so the agent binds every
+    Pod without a node to itself; under the real scheduler it only runs Pods bound to it.
+    ``kubeconfig`` (when given) is handed to the containers as ``KUBECONFIG``; under the real
+    control plane Pods get ServiceAccount tokens instead, never the node's own credentials.
+    """
 
     def __init__(
         self,
         client: RestClient,
         pods: Informer,
         data_dir: Path,
-        kubeconfig: Path,
+        kubeconfig: Path | None,
         *,
         backoff: BackOff,
         stop_grace: float = 10.0,
+        node_name: str = NODE_NAME,
+        bind_unscheduled: bool = True,
     ) -> None:
         self.client = client
+        self.node_name = node_name
+        self.bind_unscheduled = bind_unscheduled
         self.pods = pods
         self.layout = PodLayout(data_dir)
         self.kubeconfig = kubeconfig
@@ -881,7 +995,7 @@ class NodeAgent:
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         node = spec.get("nodeName")
-        if node not in (None, "", NODE_NAME):
+        if node not in (None, "", self.node_name):
             return
         uid = str(meta.get("uid", ""))
         worker = self.workers.get(uid)
@@ -910,6 +1024,8 @@ class NodeAgent:
             self._finished_uids.add(uid)
             return
         if not node:
+            if not self.bind_unscheduled:
+                return
             self._spawn(self._bind(pod), f"bind:{meta.get('name')}")
         worker = PodWorker(self, pod)
         self.workers[uid] = worker
@@ -960,7 +1076,7 @@ class NodeAgent:
         meta = pod["metadata"]
         ns, name = meta.get("namespace", "default"), meta["name"]
         try:
-            await self.client.patch(PODS, ns, name, {"spec": {"nodeName": NODE_NAME}})
+            await self.client.patch(PODS, ns, name, {"spec": {"nodeName": self.node_name}})
         except ApiError as exc:
             if exc.status == 404:
                 return
@@ -968,12 +1084,12 @@ class NodeAgent:
                 "apiVersion": "v1",
                 "kind": "Binding",
                 "metadata": {"name": name, "namespace": ns},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": NODE_NAME},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name},
             }
             try:
                 await self.client.request("POST", PODS.path(ns, name, "binding"), body=binding)
             except ApiError as exc2:
-                log.warning("pod %s/%s: could not bind to %s: %s", ns, name, NODE_NAME, exc2)
+                log.warning("pod %s/%s: could not bind to %s: %s", ns, name, self.node_name, exc2)
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("pod %s/%s: could not bind: %s", ns, name, exc)
 
@@ -991,9 +1107,9 @@ class NodeAgent:
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {
-                "name": NODE_NAME,
+                "name": self.node_name,
                 "labels": {
-                    "kubernetes.io/hostname": NODE_NAME,
+                    "kubernetes.io/hostname": self.node_name,
                     "kubernetes.io/os": "linux",
                     "node-role.kubernetes.io/control-plane": "",
                 },
@@ -1002,7 +1118,7 @@ class NodeAgent:
         status = {
             "addresses": [
                 {"type": "InternalIP", "address": HOST_IP},
-                {"type": "Hostname", "address": NODE_NAME},
+                {"type": "Hostname", "address": self.node_name},
             ],
             "capacity": {"cpu": str(os.cpu_count() or 1), "pods": "253"},
             "allocatable": {"cpu": str(os.cpu_count() or 1), "pods": "253"},
@@ -1019,12 +1135,12 @@ class NodeAgent:
             "nodeInfo": {"kubeletVersion": "local", "operatingSystem": "linux", "architecture": ""},
         }
         try:
-            existing = await self.client.get_or_none(NODES, None, NODE_NAME)
+            existing = await self.client.get_or_none(NODES, None, self.node_name)
             if existing is None:
                 await self.client.create(NODES, None, node)
-            await self.client.patch_status(NODES, None, NODE_NAME, status)
+            await self.client.patch_status(NODES, None, self.node_name, status)
         except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
-            log.info("could not register node %s: %s", NODE_NAME, exc)
+            log.info("could not register node %s: %s", self.node_name, exc)
 
     async def stop(self) -> None:
         """Kill every process of every pod; returns when all are gone."""
