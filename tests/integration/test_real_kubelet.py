@@ -31,6 +31,7 @@ from scalable_topics.localcluster.kubelet import NODES
 from scalable_topics.localcluster.nodekubelet import LEASES, NODE_LEASE_NAMESPACE, NodeKubelet
 from scalable_topics.localcluster.podspec import volume_sources
 from scalable_topics.localcluster.restclient import (
+    EVENTS,
     PODS,
     SECRETS,
     ApiError,
@@ -75,6 +76,8 @@ async def kubelet(
         backoff_base=0.2,
         backoff_cap=1.0,
         stop_grace=3.0,
+        # A 600 s token (the shortest the API server issues) is renewed after 3 s.
+        token_refresh_fraction=0.005,
     )
     await node.start()
     yield node
@@ -199,6 +202,16 @@ async def test_deployment_runs_as_processes_and_stops_when_deleted(
             assert _alive(pid)
             pids.append(pid)
 
+    async def started_event() -> bool:
+        events, _ = await admin.list(
+            EVENTS, "default", field_selector=f"involvedObject.name={pods[0]['metadata']['name']}"
+        )
+        return any(
+            e["reason"] == "Started" and e["source"]["component"] == "kubelet" for e in events
+        )
+
+    await eventually(started_event, within=10)
+
     await admin.delete(DEPLOYMENTS, "default", "web", propagation_policy="Background")
 
     async def stopped() -> bool:
@@ -206,6 +219,25 @@ async def test_deployment_runs_as_processes_and_stops_when_deleted(
         return not left and not any(_alive(pid) for pid in pids)
 
     await eventually(stopped, within=30)
+
+
+async def assert_pod_token(admin: RestClient, token: str, audience: str, pod: JsonObj) -> None:
+    """A TokenReview authenticates ``token`` for ``audience`` as the Pod's ServiceAccount."""
+    review = await admin.request(
+        "POST",
+        "/apis/authentication.k8s.io/v1/tokenreviews",
+        body={
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": [audience]},
+        },
+    )
+    status = review["status"]
+    assert status["authenticated"] is True, status
+    assert status["user"]["username"] == "system:serviceaccount:default:default"
+    extra = status["user"]["extra"]
+    assert extra["authentication.kubernetes.io/pod-name"] == [pod["metadata"]["name"]]
+    assert extra["authentication.kubernetes.io/pod-uid"] == [pod["metadata"]["uid"]]
 
 
 async def test_projected_service_account_token_is_bound_to_the_pod(
@@ -259,20 +291,17 @@ async def test_projected_service_account_token_is_bound_to_the_pod(
         assert (api_access / "token").read_text()
         assert (api_access / "namespace").read_text() == "default"
 
-        review = await admin.request(
-            "POST",
-            "/apis/authentication.k8s.io/v1/tokenreviews",
-            body={
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenReview",
-                "spec": {"token": token, "audiences": [audience]},
-            },
+        await assert_pod_token(admin, token, audience, created)
+
+        # Renewed before it expires: a new token in the file, bound to the same Pod.
+        async def refreshed() -> bool:
+            return (volumes["identity"] / "token").read_text() not in ("", token)
+
+        await eventually(refreshed, within=10)
+        await assert_pod_token(
+            admin, (volumes["identity"] / "token").read_text(), audience, created
         )
-        status = review["status"]
-        assert status["authenticated"] is True, status
-        assert status["user"]["username"] == "system:serviceaccount:default:default"
-        extra = status["user"]["extra"]
-        assert extra["authentication.kubernetes.io/pod-name"] == ["token-reader"]
-        assert extra["authentication.kubernetes.io/pod-uid"] == [created["metadata"]["uid"]]
+        worker = kubelet.agent.workers[created["metadata"]["uid"]]
+        assert worker.token_requests >= 4, "two tokens (ours, kube-api-access), then renewed"
     finally:
         await admin.delete(PODS, "default", "token-reader")

@@ -247,6 +247,8 @@ class PodWorker:
         self._tokens: dict[tuple[str, str], str] = {}
         self._token_refresh_at = 0.0
         self._token_refresher: asyncio.Task[None] | None = None
+        self.token_requests = 0
+        """ServiceAccount tokens obtained for this Pod (first ones and refreshes)."""
         self._fetched = False
         previous = {
             c.get("name"): c for c in (pod.get("status") or {}).get("containerStatuses") or []
@@ -423,8 +425,8 @@ class PodWorker:
     async def _request_tokens(self) -> None:
         """A fresh ServiceAccount token per projected ``serviceAccountToken`` source, from the
         TokenRequest API, bound to this Pod (it dies with the Pod) and for the audience the
-        source asks (the API server's own when none); a refresher renews them at 80% of their
-        lifetime, as the kubelet does."""
+        source asks (the API server's own when none); a refresher renews them once
+        ``token_refresh_fraction`` (80%, as the kubelet) of their lifetime has passed."""
         sources = self._token_sources()
         if not sources:
             return
@@ -456,7 +458,9 @@ class PodWorker:
             self._tokens[(volume, str(source.get("path", "token")))] = str(status.get("token", ""))
             issued = time.time()
             expires = _parse_rfc3339(status.get("expirationTimestamp"), issued + 600)
-            soonest = min(soonest, issued + 0.8 * (expires - issued))
+            lifetime = expires - issued
+            soonest = min(soonest, issued + self.agent.token_refresh_fraction * lifetime)
+            self.token_requests += 1
         self._token_refresh_at = soonest
         if self._token_refresher is None:
             self._token_refresher = asyncio.create_task(
@@ -950,10 +954,12 @@ class NodeAgent:
         stop_grace: float = 10.0,
         node_name: str = NODE_NAME,
         bind_unscheduled: bool = True,
+        token_refresh_fraction: float = 0.8,
     ) -> None:
         self.client = client
         self.node_name = node_name
         self.bind_unscheduled = bind_unscheduled
+        self.token_refresh_fraction = token_refresh_fraction
         self.pods = pods
         self.layout = PodLayout(data_dir)
         self.kubeconfig = kubeconfig

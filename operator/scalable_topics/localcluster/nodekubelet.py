@@ -63,6 +63,8 @@ class NodeKubelet:
     creates its Lease, and returns once the Pod watch has synced; the Lease is renewed every
     ``renew_interval`` seconds and the Node's status every ``status_interval``, so the node
     lifecycle controller never finds the node silent. ``stop()`` kills every process it started.
+    ``token_refresh_fraction``: the part of a projected token's lifetime after which it is
+    renewed (tests shorten it; the API server issues none shorter than 10 minutes).
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class NodeKubelet:
         backoff_base: float = 10.0,
         backoff_cap: float = 300.0,
         stop_grace: float = 10.0,
+        token_refresh_fraction: float = 0.8,
     ) -> None:
         self.node_name = node_name
         self.data_dir = Path(data_dir)
@@ -94,6 +97,7 @@ class NodeKubelet:
             stop_grace=stop_grace,
             node_name=node_name,
             bind_unscheduled=False,
+            token_refresh_fraction=token_refresh_fraction,
         )
         self.ready_since = _time()
         self.lease_renewals = 0
