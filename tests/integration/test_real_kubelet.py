@@ -241,7 +241,9 @@ async def assert_pod_token(admin: RestClient, token: str, audience: str, pod: Js
 
 
 async def test_projected_service_account_token_is_bound_to_the_pod(
-    kubelet: NodeKubelet, admin: RestClient
+    plane: ControlPlane,  # noqa: F811
+    kubelet: NodeKubelet,
+    admin: RestClient,
 ) -> None:
     audience = "scalable-topics-test"
     pod = {
@@ -290,6 +292,8 @@ async def test_projected_service_account_token_is_bound_to_the_pod(
         api_access = next(v for name, v in volumes.items() if name.startswith("kube-api-access"))
         assert (api_access / "token").read_text()
         assert (api_access / "namespace").read_text() == "default"
+        # From the kube-root-ca.crt ConfigMap, which the Node authorizer lets it read.
+        assert (api_access / "ca.crt").read_bytes() == (plane.pki_dir / "ca.crt").read_bytes()
 
         await assert_pod_token(admin, token, audience, created)
 

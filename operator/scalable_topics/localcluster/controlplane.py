@@ -15,10 +15,11 @@ Layout of the data directory (kept across restarts; etcd's data carries the obje
     logs/<component>.log  each process's stdout and stderr, appended across starts
     admin.kubeconfig      system:masters client certificate (kubectl, tests)
     kube-controller-manager.kubeconfig, kube-scheduler.kubeconfig
+    node-<name>.kubeconfig  a kubelet's (system:node:<name>), made by node_kubeconfig()
     flexvolume/           the controller-manager's FlexVolume directory (it creates one)
 
-This is the step before the replacement of the imitation API server (``cluster.py``): nothing
-else uses it yet. See docs/localcluster.md, "The real control plane".
+This is the step before the replacement of the imitation API server (``cluster.py``): only
+our kubelet (``nodekubelet.py``) uses it yet. See docs/localcluster.md, "The real control plane".
 """
 
 from __future__ import annotations
