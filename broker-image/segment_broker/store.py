@@ -94,6 +94,10 @@ class HostedSegment:
         mi, bi, mo, bo = ((b - a) / span for a, b in zip(first, last, strict=True))
         return {"msgRateIn": mi, "bytesRateIn": bi, "msgRateOut": mo, "bytesRateOut": bo}
 
+    def backlog(self) -> dict[str, int]:
+        """Entries written and not acknowledged, per subscription."""
+        return {name: self.segment.backlog(d.cursor) for name, d in self.dispatchers.items()}
+
     def add_dispatcher(self, name: str) -> Dispatcher:
         cursor = self.segment.cursors[name]
         load = self.load
@@ -213,13 +217,17 @@ class SegmentStore:
         if report.truncated_bytes:
             self.metrics.torn_tail_truncations.inc()
         hosted = HostedSegment(seg, load=load)
+        if load is not None:
+            load.backlog_source = hosted.backlog
         for name in seg.cursors:
             hosted.add_dispatcher(name)
         self.segments[(meta.namespace, meta.topic, meta.segment_id)] = hosted
         self._share_cache()
         seg.corruption_listeners.add(functools.partial(self._quarantined, hosted))
         if report.corruption is not None:
-            self._quarantined(hosted, report.corruption)
+            # The marker is on disk before the broker reports ready: a restart with a good
+            # copy put back must find it to clear the Segment's status.
+            await asyncio.wait([self._quarantined(hosted, report.corruption)])
         elif await asyncio.get_running_loop().run_in_executor(
             self.executor, _forget_quarantine, directory
         ):
@@ -232,9 +240,10 @@ class SegmentStore:
                 self.corruption_status.set((meta.namespace, meta.topic, meta.segment_id), None)
         return hosted
 
-    def _quarantined(self, hosted: HostedSegment, corruption: Corruption) -> None:
+    def _quarantined(self, hosted: HostedSegment, corruption: Corruption) -> asyncio.Future[None]:
         """Make a corrupted segment loud: ERROR log, metric, ``Segment.status.corruption``;
-        consumers that reached the damage are told (see ``Dispatcher``)."""
+        consumers that reached the damage are told (see ``Dispatcher``). Returns the write of
+        the quarantine marker (a failure is logged)."""
         seg = hosted.segment
         meta = seg.meta
         log.error(
@@ -261,6 +270,7 @@ class SegmentStore:
             self.corruption_status.set(
                 (meta.namespace, meta.topic, meta.segment_id), corruption.to_json()
             )
+        return marker
 
     async def truncate(
         self, namespace: str, topic: str, segment_id: int, position: int, acknowledge_loss: str

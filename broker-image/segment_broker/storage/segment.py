@@ -263,7 +263,7 @@ class Segment:
         """Last position that producers have been acknowledged for and consumers may read."""
         self.listeners: set[DurableListener] = set()
         self.seal_listeners: set[Callable[[], None]] = set()
-        self.corruption_listeners: set[Callable[[Corruption], None]] = set()
+        self.corruption_listeners: set[Callable[[Corruption], object]] = set()
         """Called once when a read finds the log damaged (recovery's finding is in ``recovery``)."""
         self.on_fsync = on_fsync
         self.on_durable_entries = on_durable_entries
