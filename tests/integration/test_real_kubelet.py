@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import ssl
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -42,7 +43,7 @@ from scalable_topics.localcluster.restclient import (
 
 from .conftest import eventually
 from .kubelet_harness import free_port, is_ready, state_server_container
-from .test_real_controlplane import kube, plane  # noqa: F401  (module fixtures)
+from .test_real_controlplane import kube, kubectl, plane  # noqa: F401  (module fixtures)
 
 pytestmark = [
     pytest.mark.integration,
@@ -67,10 +68,10 @@ async def kubelet(
     plane: ControlPlane,  # noqa: F811
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[NodeKubelet]:
-    node = NodeKubelet(
-        plane.node_kubeconfig(NODE),
+    node = NodeKubelet.for_control_plane(
+        plane,
         tmp_path_factory.mktemp("node"),
-        node_name=NODE,
+        NODE,
         renew_interval=1.0,
         status_interval=5.0,
         backoff_base=0.2,
@@ -127,6 +128,7 @@ async def test_node_registers_ready_untainted_and_renews_its_lease(
     assert {"type": "InternalIP", "address": "127.0.0.1"} in status["addresses"]
     assert int(status["allocatable"]["pods"]) > 0
     assert status["capacity"]["memory"].endswith("Ki")
+    assert status["daemonEndpoints"]["kubeletEndpoint"]["Port"] == kubelet.port
 
     lease = await admin.get(LEASES, NODE_LEASE_NAMESPACE, NODE)
     assert lease["spec"]["holderIdentity"] == NODE
@@ -149,7 +151,9 @@ async def test_node_registers_ready_untainted_and_renews_its_lease(
 
 
 async def test_deployment_runs_as_processes_and_stops_when_deleted(
-    kubelet: NodeKubelet, admin: RestClient
+    plane: ControlPlane,  # noqa: F811
+    kubelet: NodeKubelet,
+    admin: RestClient,
 ) -> None:
     port = free_port()
     labels = {"app": "web"}
@@ -211,6 +215,23 @@ async def test_deployment_runs_as_processes_and_stops_when_deleted(
         )
 
     await eventually(started_event, within=10)
+
+    # `kubectl logs` goes API server -> kubelet over TLS (each checking the other's
+    # certificate); the state server logged the /whoami request above to stderr.
+    name = pods[0]["metadata"]["name"]
+    logs = await kubectl(plane, "logs", "-n", "default", name, "--tail=5")
+    assert "GET /whoami" in logs.stdout, logs
+
+    # The kubelet API answers the API server's identity only, not even an admin.
+    admin_tls = ssl.create_default_context(cafile=str(plane.ca_path))
+    admin_tls.load_cert_chain(str(plane.pki_dir / "admin.crt"), str(plane.pki_dir / "admin.key"))
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(
+            f"https://127.0.0.1:{kubelet.port}/containerLogs/default/{name}/server", ssl=admin_tls
+        ) as refused,
+    ):
+        assert refused.status == 403
 
     await admin.delete(DEPLOYMENTS, "default", "web", propagation_policy="Background")
 
@@ -309,3 +330,36 @@ async def test_projected_service_account_token_is_bound_to_the_pod(
         assert worker.token_requests >= 4, "two tokens (ours, kube-api-access), then renewed"
     finally:
         await admin.delete(PODS, "default", "token-reader")
+
+
+async def test_kubectl_logs_follow_ends_when_the_container_exits(
+    plane: ControlPlane,  # noqa: F811
+    kubelet: NodeKubelet,
+    admin: RestClient,
+) -> None:
+    script = (
+        "import time\nfor i in range(3):\n    print('line', i, flush=True)\n    time.sleep(0.5)"
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "counter", "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {"name": "main", "image": "python:3.11", "command": ["python3", "-c", script]}
+            ],
+        },
+    }
+    await admin.create(PODS, "default", pod)
+    try:
+
+        async def started() -> bool:
+            current = await admin.get(PODS, "default", "counter")
+            return (current.get("status") or {}).get("phase") in ("Running", "Succeeded")
+
+        await eventually(started, within=30)
+        followed = await kubectl(plane, "logs", "-f", "-n", "default", "counter")
+        assert followed.stdout.split("\n")[:3] == ["line 0", "line 1", "line 2"], followed
+    finally:
+        await admin.delete(PODS, "default", "counter")

@@ -80,6 +80,9 @@ NODES_GROUP = "system:nodes"
 """A kubelet's identity: user ``system:node:<node name>`` in group ``system:nodes``, which the
 Node authorizer and the NodeRestriction admission plugin recognise."""
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"
+"""The API server's identity towards kubelets (``kubectl logs`` goes through it); a kubelet
+serves its API to this user only."""
 
 CERT_DAYS = 3650
 """Every certificate lasts ten years: a data directory is a developer's, and a cluster that
@@ -175,6 +178,9 @@ _LEAVES = (
     _Leaf(CONTROLLER_MANAGER, f"/CN={CONTROLLER_MANAGER_USER}", "clientAuth"),
     _Leaf(SCHEDULER, f"/CN={SCHEDULER_USER}", "clientAuth"),
 )
+_KUBELET_CLIENT = _Leaf("apiserver-kubelet-client", f"/CN={KUBELET_CLIENT_USER}", "clientAuth")
+"""Made on demand (:func:`_ensure_leaf`) rather than listed in ``_LEAVES``: data directories
+from before it existed get it at their next start."""
 _SA_KEY = "sa.key"
 _SA_PUB = "sa.pub"
 
@@ -233,21 +239,42 @@ def node_user(node_name: str) -> str:
     return f"{NODE_USER_PREFIX}{node_name}"
 
 
-def ensure_node_certificate(pki_dir: Path, node_name: str) -> str:
-    """The kubelet client certificate of ``node_name`` (``CN=system:node:<name>``,
-    ``O=system:nodes``), issued by the cluster's CA once; returns its file stem in ``pki_dir``."""
-    if not _NODE_NAME.fullmatch(node_name):
-        raise ValueError(
-            f"node name {node_name!r} must be a lowercase DNS label "
-            "(letters, digits and '-', at most 63 characters)"
-        )
-    leaf = _Leaf(f"node-{node_name}", f"/O={NODES_GROUP}/CN={node_user(node_name)}", "clientAuth")
+def _ensure_leaf(pki_dir: Path, leaf: _Leaf) -> str:
+    """``leaf`` issued by the CA in ``pki_dir`` unless it exists; returns its file stem.
+
+    For certificates made on demand, after the PKI (so data directories made before they
+    existed get them too)."""
     if not (pki_dir / f"{leaf.name}.crt").is_file():
         openssl = shutil.which("openssl")
         if openssl is None:
             raise ControlPlaneError("openssl is not on PATH: it makes the cluster's certificates")
         _issue(openssl, leaf, pki_dir)
     return leaf.name
+
+
+def _check_node_name(node_name: str) -> None:
+    if not _NODE_NAME.fullmatch(node_name):
+        raise ValueError(
+            f"node name {node_name!r} must be a lowercase DNS label "
+            "(letters, digits and '-', at most 63 characters)"
+        )
+
+
+def ensure_node_certificate(pki_dir: Path, node_name: str) -> str:
+    """The kubelet client certificate of ``node_name`` (``CN=system:node:<name>``,
+    ``O=system:nodes``), issued by the cluster's CA once; returns its file stem in ``pki_dir``."""
+    _check_node_name(node_name)
+    subject = f"/O={NODES_GROUP}/CN={node_user(node_name)}"
+    return _ensure_leaf(pki_dir, _Leaf(f"node-{node_name}", subject, "clientAuth"))
+
+
+def ensure_node_serving_certificate(pki_dir: Path, node_name: str) -> str:
+    """The certificate the kubelet of ``node_name`` serves its API with (IP 127.0.0.1, where
+    the API server reaches it); returns its file stem in ``pki_dir``."""
+    _check_node_name(node_name)
+    subject = f"/O={NODES_GROUP}/CN={node_user(node_name)}"
+    sans = (f"IP:{HOST}", f"DNS:{node_name}")
+    return _ensure_leaf(pki_dir, _Leaf(f"node-{node_name}-serving", subject, "serverAuth", sans))
 
 
 def ensure_pki(pki_dir: Path) -> None:
@@ -438,6 +465,16 @@ class ControlPlane:
         write_kubeconfig(path, self.url, self.pki_dir, stem, node_user(node_name))
         return path
 
+    def node_serving_certificate(self, node_name: str) -> tuple[Path, Path]:
+        """The certificate and key the kubelet of ``node_name`` serves its API with (made once
+        by the cluster's CA); its clients' certificates chain to :attr:`ca_path`."""
+        stem = ensure_node_serving_certificate(self.pki_dir, node_name)
+        return self.pki_dir / f"{stem}.crt", self.pki_dir / f"{stem}.key"
+
+    @property
+    def ca_path(self) -> Path:
+        return self.pki_dir / "ca.crt"
+
     def log_path(self, component: str) -> Path:
         return self.log_dir / f"{component}.log"
 
@@ -569,6 +606,7 @@ class ControlPlane:
             await self._await(ETCD, partial(ok, f"{etcd_url}/health", etcd_tls, '"true"'), deadline)
             self.timings[ETCD] = time.monotonic() - began
 
+            kubelet_client = await asyncio.to_thread(_ensure_leaf, pki, _KUBELET_CLIENT)
             apiserver_args = [
                 f"--advertise-address={HOST}",
                 f"--bind-address={HOST}",
@@ -589,6 +627,11 @@ class ControlPlane:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 # No other API server instance shares the `kubernetes` Service's endpoints.
                 "--endpoint-reconciler-type=none",
+                # Kubelets (logs): reached at their InternalIP, their certificate checked.
+                f"--kubelet-client-certificate={pki / f'{kubelet_client}.crt'}",
+                f"--kubelet-client-key={pki / f'{kubelet_client}.key'}",
+                f"--kubelet-certificate-authority={ca}",
+                "--kubelet-preferred-address-types=InternalIP",
             ]
             await self._spawn(binary, APISERVER, apiserver_args)
             await self._await(APISERVER, partial(ok, f"{server}/readyz", admin_tls), deadline)

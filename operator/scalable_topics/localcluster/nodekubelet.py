@@ -18,12 +18,16 @@ import contextlib
 import logging
 import os
 import platform
+import ssl
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
+from .controlplane import KUBELET_CLIENT_USER, ControlPlane
 from .kubelet import HOST_IP, NODES, NodeAgent
 from .processes import BackOff
 from .restclient import PODS, ApiError, Informer, JsonObj, Resource, client_from_kubeconfig
@@ -44,6 +48,35 @@ def _micro_time(at: datetime | None = None) -> str:
 
 def _time(at: datetime | None = None) -> str:
     return (at or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+LOG_POLL_INTERVAL = 0.2
+
+
+@dataclass(frozen=True)
+class KubeletServing:
+    """How the kubelet serves its API (``kubectl logs`` through the API server): its
+    certificate and key, the CA its clients' certificates must chain to, and the users (their
+    certificates' common names) it answers; anyone else gets 403."""
+
+    cert: Path
+    key: Path
+    client_ca: Path
+    users: frozenset[str]
+
+    def ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(self.client_ca))
+        context.load_cert_chain(str(self.cert), str(self.key))
+        context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+
+def _common_name(peercert: Any) -> str | None:
+    for rdn in (peercert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
 
 
 def memory_capacity() -> str:
@@ -80,8 +113,13 @@ class NodeKubelet:
         backoff_cap: float = 300.0,
         stop_grace: float = 10.0,
         token_refresh_fraction: float = 0.8,
+        serving: KubeletServing | None = None,
     ) -> None:
         self.node_name = node_name
+        self.serving = serving
+        self.port: int | None = None
+        """The kubelet API's port (``status.daemonEndpoints``), once started with ``serving``."""
+        self._runner: web.AppRunner | None = None
         self.data_dir = Path(data_dir)
         self.client = client_from_kubeconfig(kubeconfig)
         self.lease_duration_seconds = lease_duration_seconds
@@ -104,6 +142,97 @@ class NodeKubelet:
         """How many times the Lease was renewed (created or updated) since ``start()``."""
         self._heartbeat: asyncio.Task[None] | None = None
         self._started = False
+
+    @classmethod
+    def for_control_plane(
+        cls, plane: ControlPlane, data_dir: Path | str, node_name: str, **options: Any
+    ) -> NodeKubelet:
+        """The kubelet of ``node_name`` with its credentials from ``plane``'s CA: the client
+        certificate it calls the API server with, and the serving certificate the API server
+        reaches it on (answering the API server's kubelet client only)."""
+        cert, key = plane.node_serving_certificate(node_name)
+        serving = KubeletServing(cert, key, plane.ca_path, frozenset({KUBELET_CLIENT_USER}))
+        kubeconfig = plane.node_kubeconfig(node_name)
+        return cls(kubeconfig, data_dir, node_name=node_name, serving=serving, **options)
+
+    # -- the kubelet API --------------------------------------------------------------------
+
+    @web.middleware
+    async def _authorize(
+        self,
+        request: web.Request,
+        handler: Any,
+    ) -> web.StreamResponse:
+        assert self.serving is not None
+        transport = request.transport
+        user = _common_name(None if transport is None else transport.get_extra_info("peercert"))
+        if user not in self.serving.users:
+            return web.Response(status=403, text=f"user {user!r} may not use this kubelet\n")
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def _container_logs(self, request: web.Request) -> web.StreamResponse:
+        namespace = request.match_info["namespace"]
+        pod, container = request.match_info["pod"], request.match_info["container"]
+        path = self.agent.layout.log_path(namespace, pod, container)
+        if not path.is_file():
+            return web.Response(
+                status=404, text=f"no log of container {container} of pod {namespace}/{pod}\n"
+            )
+        data = path.read_bytes()
+        tail = request.query.get("tailLines")
+        if tail is not None:
+            try:
+                lines = int(tail)
+            except ValueError:
+                return web.Response(status=400, text="tailLines must be an integer\n")
+            data = b"".join(data.splitlines(keepends=True)[-lines:]) if lines > 0 else b""
+        if request.query.get("follow") not in ("true", "1"):
+            return web.Response(body=data, content_type="text/plain")
+        response = web.StreamResponse()
+        response.content_type = "text/plain"
+        await response.prepare(request)
+        await response.write(data)
+        offset = path.stat().st_size
+
+        def running() -> bool:
+            """The container may still write: its pod runs here and it has not finished."""
+            for worker in self.agent.workers.values():
+                if worker.namespace == namespace and worker.name == pod:
+                    sc = worker.containers.get(container) or worker.init_containers.get(container)
+                    return sc is None or not sc.finished
+            return False
+
+        with contextlib.suppress(ConnectionResetError):
+            while True:
+                size = path.stat().st_size if path.exists() else offset
+                if size > offset:
+                    with path.open("rb") as f:
+                        f.seek(offset)
+                        chunk = f.read(size - offset)
+                    offset = size
+                    await response.write(chunk)
+                elif not running():
+                    break
+                else:
+                    await asyncio.sleep(LOG_POLL_INTERVAL)
+            await response.write_eof()
+        return response
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _serve(self) -> None:
+        assert self.serving is not None
+        app = web.Application(middlewares=[self._authorize])
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._container_logs)
+        # shutdown_timeout: `kubectl logs -f` streams do not hold up a stop.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, HOST_IP, 0, ssl_context=self.serving.ssl_context())
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
 
     # -- the Node ---------------------------------------------------------------------------
 
@@ -140,7 +269,7 @@ class NodeKubelet:
                 "lastTransitionTime": self.ready_since,
             }
 
-        return {
+        status: JsonObj = {
             "addresses": [
                 {"type": "InternalIP", "address": HOST_IP},
                 {"type": "Hostname", "address": self.node_name},
@@ -166,6 +295,9 @@ class NodeKubelet:
                 "kubeProxyVersion": "",
             },
         }
+        if self.port is not None:
+            status["daemonEndpoints"] = {"kubeletEndpoint": {"Port": self.port}}
+        return status
 
     async def register(self) -> JsonObj:
         """Create the Node if it does not exist, then report its status."""
@@ -240,6 +372,8 @@ class NodeKubelet:
         self._started = True
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
+            if self.serving is not None:
+                await self._serve()
             node = await self.register()
             await self.renew_lease(node)
             self._heartbeat = asyncio.create_task(
@@ -262,4 +396,8 @@ class NodeKubelet:
             self._heartbeat = None
         await self.pods.stop()
         await self.agent.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+            self.port = None
         await self.client.close()
