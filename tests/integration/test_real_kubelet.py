@@ -42,6 +42,7 @@ from scalable_topics.localcluster.restclient import (
 )
 
 from .conftest import eventually
+from .kubelet_harness import eventually as eventually_value
 from .kubelet_harness import free_port, is_ready, state_server_container
 from .test_real_controlplane import kube, kubectl, plane  # noqa: F401  (module fixtures)
 
@@ -90,6 +91,10 @@ def _condition(obj: JsonObj, ctype: str) -> str | None:
         if cond.get("type") == ctype:
             return str(cond.get("status"))
     return None
+
+
+def _environ(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
 
 
 def _alive(pid: int) -> bool:
@@ -363,3 +368,73 @@ async def test_kubectl_logs_follow_ends_when_the_container_exits(
         assert followed.stdout.split("\n")[:3] == ["line 0", "line 1", "line 2"], followed
     finally:
         await admin.delete(PODS, "default", "counter")
+
+
+async def test_restarted_kubelet_runs_its_pods_again_with_their_secrets(
+    plane: ControlPlane,  # noqa: F811
+    admin: RestClient,
+    tmp_path: Path,
+) -> None:
+    """A second node, bound to directly: its Pod reads a Secret (allowed because the Pod
+    uses it), and a new kubelet on the same data directory runs the Pod again."""
+    node = "second-node"
+    port = free_port()
+    await admin.create(
+        SECRETS,
+        "default",
+        {"metadata": {"name": "greeting"}, "stringData": {"word": "hello"}},
+    )
+    container = state_server_container(port)
+    container["env"].append(
+        {"name": "WORD", "valueFrom": {"secretKeyRef": {"name": "greeting", "key": "word"}}}
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "pinned", "namespace": "default"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 2,
+            "containers": [container],
+            "volumes": [{"name": "state", "emptyDir": {}}],
+        },
+    }
+    options: dict[str, Any] = {"renew_interval": 1.0, "backoff_base": 0.2, "stop_grace": 2.0}
+    first = NodeKubelet.for_control_plane(plane, tmp_path, node, **options)
+    await first.start()
+    try:
+        await admin.create(PODS, "default", pod)
+
+        async def ready_pid() -> int | None:
+            current = await admin.get(PODS, "default", "pinned")
+            if not is_ready(current):
+                return None
+            return int(current["status"]["containerStatuses"][0]["containerID"].split("//")[1])
+
+        pid = await eventually_value(ready_pid)
+        assert b"WORD=hello" in _environ(pid)
+    finally:
+        await first.stop()
+    assert not _alive(pid)
+
+    second = NodeKubelet.for_control_plane(plane, tmp_path, node, **options)
+    await second.start()
+    try:
+
+        async def restarted() -> int | None:
+            again = await ready_pid()
+            return again if again is not None and again != pid else None
+
+        new_pid = await eventually_value(restarted)
+        assert _alive(new_pid)
+        current = await admin.get(PODS, "default", "pinned")
+        assert current["status"]["containerStatuses"][0]["restartCount"] >= 1
+    finally:
+        await admin.delete(PODS, "default", "pinned")
+        await admin.delete(SECRETS, "default", "greeting")
+
+        async def gone() -> bool:
+            return await admin.get_or_none(PODS, "default", "pinned") is None
+
+        await eventually(gone, within=20)
+        await second.stop()
