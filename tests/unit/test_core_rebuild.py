@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -615,3 +616,22 @@ def test_a_request_runs_at_most_once_across_a_rebuild() -> None:
         assert "not run again" in last["message"] and "new id" in last["message"]
     assert request_after_rebuild(None, split, now) == (split, None)
     assert request_after_rebuild("{not json", None, now) == (None, None)
+
+
+def test_a_second_rebuild_goes_above_the_first() -> None:
+    """A rebuild raises the epoch without creating a segment; the epoch it reached is recorded
+    on the Segments (``recordedAtEpoch``), so a rebuild of the rebuilt topic goes above it."""
+    layout = SegmentLayout.initial(1).split(0).merge(1, 2)
+    origin = {1: (0,), 2: (0,), 3: (1, 2)}
+    first = rebuild_layout(records_of(layout, origin)).layout
+    assert first.epoch > layout.epoch
+    again = [replace(r, recorded_at_epoch=first.epoch) for r in records_of(layout, origin)]
+    second = rebuild_layout(again).layout
+    assert second.epoch > first.epoch
+    assert shape(second) == shape(first)
+    body: dict[str, Any] = {
+        "metadata": {"name": "t-3"},
+        "spec": {"segmentId": 3, "range": {"start": 0, "end": 0xFFFF}, "parents": [1, 2]},
+        "status": {"state": "Active", "createdAtEpoch": 2, "recordedAtEpoch": 7},
+    }
+    assert record_from_segment(body).recorded_at_epoch == 7

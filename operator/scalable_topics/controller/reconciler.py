@@ -56,7 +56,13 @@ from .cache import TopicCache, layout_of, recorded_broker
 from .corruption import corrupted_segments
 from .kube import Body, KubeApi
 from .protocol import NoBrokerAvailable, OperationExecutor, OperationRejected
-from .restore import BrokersUnanswered, adopt, broker_reports, write_missing_segments
+from .restore import (
+    BrokersUnanswered,
+    adopt,
+    broker_reports,
+    record_epoch,
+    write_missing_segments,
+)
 from .status import TopicGone, put_layout, update_topic_status
 
 log = logging.getLogger(__name__)
@@ -342,6 +348,7 @@ class TopicReconciler:
             self.kube, self.cache, topic, rebuilt.layout, rebuilt.from_brokers
         )
         layout = rebuilt.layout
+        await record_epoch(self.kube, self.cache, bodies, layout.epoch)
         subscriptions = subscription_entries(
             layout, reports, {s.name: s.type.value for s in spec.subscriptions}
         )

@@ -107,7 +107,7 @@ async def write_missing_segments(
 ) -> None:
     """A Segment for each segment only a broker reported (``reports``), naming that broker; its
     state is the DAG's (``Pending`` for a fenced one, which the next pass activates like any
-    fenced child of a committed layout)."""
+    fenced child of a committed layout), and ``layout``'s epoch as ``recordedAtEpoch``."""
     meta = topic["metadata"]
     for sid, report in sorted(reports.items()):
         info = layout.segments.get(sid)
@@ -121,7 +121,11 @@ async def write_missing_segments(
             state = "Active"
         else:
             state = "Pending"
-        status: dict[str, Any] = {"state": state, "broker": {"pod": report.pod, "url": report.url}}
+        status: dict[str, Any] = {
+            "state": state,
+            "broker": {"pod": report.pod, "url": report.url},
+            "recordedAtEpoch": layout.epoch,
+        }
         if state == "Sealed" and report.sealed_at is not None:
             status["sealedAt"] = format_time(report.sealed_at)
         updated = await kube.patch_segment_status(
@@ -137,3 +141,19 @@ async def write_missing_segments(
             state,
             report.pod,
         )
+
+
+async def record_epoch(
+    kube: KubeApi, cache: TopicCache, segments: Iterable[Body], epoch: int
+) -> None:
+    """Write ``epoch`` as ``status.recordedAtEpoch`` on each of ``segments`` (where it is not
+    there yet): a rebuilt layout's epoch is recorded nowhere else, and a later rebuild from these
+    Segments must go above it (``core.rebuild``)."""
+    for body in segments:
+        if ((body.get("status") or {}).get("recordedAtEpoch") or -1) >= epoch:
+            continue
+        meta = body["metadata"]
+        updated = await kube.patch_segment_status(
+            meta["namespace"], meta["name"], {"recordedAtEpoch": epoch}
+        )
+        cache.put_segment(updated)

@@ -68,6 +68,9 @@ class SegmentRecord:
     parents_complete: bool = True
     """A Segment's spec names every parent it was created with (pruned ones too); a broker's
     report names only the parents still on a broker (their seals list it as a successor)."""
+    recorded_at_epoch: int | None = None
+    """The layout's epoch when a rebuild or a recovery last wrote the Segment: a rebuild raises
+    the epoch without creating a segment, so only this keeps the next rebuild above it."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ def record_from_segment(body: Mapping[str, Any]) -> SegmentRecord:
             buckets=_int(spec.get("buckets", 1), "spec.buckets"),
             created_at_epoch=_epoch(status.get("createdAtEpoch"), "status.createdAtEpoch"),
             sealed_at_epoch=_epoch(status.get("sealedAtEpoch"), "status.sealedAtEpoch"),
+            recorded_at_epoch=_epoch(status.get("recordedAtEpoch"), "status.recordedAtEpoch"),
             source=f"Segment {name}",
         )
     except ValueError as exc:
@@ -331,13 +335,15 @@ def _epoch_bound(records: Mapping[int, SegmentRecord]) -> int:
     ``createdAtEpoch`` is its epoch) or the prune of one segment. Above the highest recorded
     epoch ``E`` lie at most one operation per segment without a recorded creation epoch and one
     per id that is not in the records (ids ``0 .. max`` were all handed out, so a missing one was
-    pruned, or lost), plus one prune per missing id. Clients and the consumer hub ignore a DAG
-    whose epoch is lower than the one they hold, so the rebuilt epoch must not go back.
+    pruned, or lost), plus one prune per missing id. An earlier rebuild (or a recovery of a
+    Segment from its broker) recorded the epoch it had reached (``recorded_at_epoch``), so a
+    second rebuild goes above the first. Clients and the consumer hub ignore a DAG whose epoch
+    is lower than the one they hold, so the rebuilt epoch must not go back.
     """
     recorded = [
         e
         for r in records.values()
-        for e in (r.created_at_epoch, r.sealed_at_epoch)
+        for e in (r.created_at_epoch, r.sealed_at_epoch, r.recorded_at_epoch)
         if e is not None
     ]
     unrecorded = sum(1 for r in records.values() if r.created_at_epoch is None)

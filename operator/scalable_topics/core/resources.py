@@ -1171,6 +1171,12 @@ class SegmentStatus(_Status):
     sealed_at_epoch: int | None = Field(
         None, ge=0, description="Layout epoch that sealed the segment (recorded as above)."
     )
+    recorded_at_epoch: int | None = Field(
+        None,
+        ge=0,
+        description="Layout epoch when a rebuild of a lost layout, or a recovery of this "
+        "Segment from its broker, last wrote it: a later rebuild goes above it too.",
+    )
     subscriptions: list[str] = Field(
         default_factory=list,
         description="Subscriptions the operator has provisioned on the segment's broker.",
