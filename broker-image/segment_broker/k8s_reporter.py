@@ -1,9 +1,11 @@
-"""Writes a segment's rates to ``Segment.status.load`` (DESIGN §4) and a quarantined segment's
-corruption to ``Segment.status.corruption``: the broker's only API writes.
+"""Writes a segment's rates to ``Segment.status.load`` (DESIGN §4), its backlog per
+subscription to ``Segment.status.backlog`` and a quarantined segment's corruption to
+``Segment.status.corruption``: the broker's only API writes.
 
-Wrapped in ``load.ThresholdReporter`` it patches only when a rate moved by more than 25 % since
-the last write, so a steady segment costs no API writes, and the write's ``updatedAt`` is the
-modification time the controller's merge window is measured from. The broker's ServiceAccount
+Wrapped in ``load.ThresholdReporter`` it patches only when a rate (or a backlog) moved by more
+than 25 % since the last write, so a steady segment costs no API writes, and the load write's
+``updatedAt`` is the modification time the controller's merge window is measured from (a
+backlog write is a patch of its own and leaves ``load`` alone). The broker's ServiceAccount
 needs ``patch`` on ``segments/status`` and nothing else.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
@@ -35,6 +37,8 @@ class KubernetesLoadReporter:
         self.custom = k8s.CustomObjectsApi(api_client)
         self.clock = clock
         self.writes = 0
+        self._backlog_names: dict[tuple[str, str, int], set[str]] = {}
+        """Subscriptions last written per segment: a merge patch removes a gone one by null."""
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None) -> KubernetesLoadReporter:
@@ -47,6 +51,20 @@ class KubernetesLoadReporter:
         body = {"status": {"load": {**rates.to_status(), "updatedAt": format_time(self.clock())}}}
         if await self._patch_status(namespace, topic, segment_id, body, "load"):
             self.writes += 1
+
+    async def write_backlog(
+        self, namespace: str, topic: str, segment_id: int, backlog: Mapping[str, int]
+    ) -> None:
+        key = (namespace, topic, segment_id)
+        gone = self._backlog_names.get(key, set()) - backlog.keys()
+        value: dict[str, int | None] = {**dict.fromkeys(gone), **backlog}
+        body = {"status": {"backlog": value}}
+        if await self._patch_status(namespace, topic, segment_id, body, "backlog"):
+            self.writes += 1
+            self._backlog_names[key] = set(backlog)
+
+    def forget(self, namespace: str, topic: str, segment_id: int) -> None:
+        self._backlog_names.pop((namespace, topic, segment_id), None)
 
     async def write_corruption(
         self, namespace: str, topic: str, segment_id: int, corruption: dict[str, Any] | None

@@ -7,6 +7,8 @@ fans the samples out to
 
 - a `LoadReporter` (the Kubernetes writer of `Segment.status.load`, usually wrapped in a
   `ThresholdReporter` so that only moves of more than 25 % are written, as PIP-483 does),
+  and, when it is a `BacklogReporter` too, each subscription's backlog
+  (`Segment.status.backlog`, the same 25 % rule),
 - a `HistoryWriter` (JSON lines read by the recommender; schema in `docs/load-history.md`),
 - the Prometheus gauges `segment_broker_{msg,bytes}_rate_{in,out}`.
 """
@@ -22,8 +24,8 @@ import socket
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -32,6 +34,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
 __all__ = [
     "HIST_BINS",
+    "BacklogReporter",
     "HistoryWriter",
     "LoadRecord",
     "LoadReporter",
@@ -86,6 +89,8 @@ class LoadRecord:
     rates: SegmentRates
     messages_in: int
     key_hist: tuple[int, ...]
+    backlog: Mapping[str, int] = field(default_factory=dict)
+    """Entries not acknowledged, per subscription (not part of the history line)."""
 
     def to_json(self) -> dict[str, object]:
         """The history line (`docs/load-history.md`); field names are the contract."""
@@ -139,6 +144,7 @@ class SegmentLoad:
         "_msgs_out",
         "_open_since",
         "_size",
+        "backlog_source",
         "descriptor",
         "namespace",
         "range_end",
@@ -175,6 +181,8 @@ class SegmentLoad:
         self._hist = [0] * HIST_BINS
         self._open_since = created_at
         self._buckets: deque[_Bucket] = deque(maxlen=buckets)
+        self.backlog_source: Callable[[], Mapping[str, int]] | None = None
+        """Set by whoever hosts the segment: its backlog per subscription, read at each tick."""
 
     def record_in(self, messages: int, nbytes: int, key_hash_sample: int | None) -> None:
         """Count a durable entry of `messages` messages and `nbytes` payload bytes.
@@ -233,6 +241,16 @@ class LoadReporter(Protocol):
 
 
 @runtime_checkable
+class BacklogReporter(Protocol):
+    """A reporter that also takes a segment's backlog per subscription
+    (``Segment.status.backlog``)."""
+
+    async def write_backlog(
+        self, namespace: str, topic: str, segment_id: int, backlog: Mapping[str, int]
+    ) -> None: ...
+
+
+@runtime_checkable
 class ForgettingReporter(Protocol):
     """A reporter that keeps per-segment state and can drop it when the segment goes away."""
 
@@ -252,6 +270,10 @@ class ThresholdReporter:
     A stable load is deliberately *not* re-written periodically: the controller's merge rule
     needs the sample's modification time to age past `mergeWindow`. A failed inner write
     propagates and leaves the reference unchanged, so the next tick retries.
+
+    A backlog (`write_backlog`, forwarded only to an inner `BacklogReporter`) follows the same
+    rule per subscription, and a subscription that appeared or went is a move too: an idle
+    system (every backlog steady) makes no writes.
     """
 
     def __init__(self, inner: LoadReporter, threshold: float = 0.25) -> None:
@@ -260,14 +282,20 @@ class ThresholdReporter:
         self.inner = inner
         self.threshold = threshold
         self._last: dict[SegmentKey, SegmentRates] = {}
+        self._last_backlog: dict[SegmentKey, dict[str, int]] = {}
+
+    def _changed(self, old: float, new: float) -> bool:
+        return abs(new - old) > self.threshold * old
 
     def moved(self, old: SegmentRates | None, new: SegmentRates) -> bool:
         if old is None:
             return True
-        return any(
-            abs(n - o) > self.threshold * o
-            for o, n in zip(old.as_tuple(), new.as_tuple(), strict=True)
-        )
+        return any(self._changed(o, n) for o, n in zip(old.as_tuple(), new.as_tuple(), strict=True))
+
+    def backlog_moved(self, old: Mapping[str, int] | None, new: Mapping[str, int]) -> bool:
+        if old is None or old.keys() != new.keys():
+            return True
+        return any(self._changed(old[name], count) for name, count in new.items())
 
     async def write(self, namespace: str, topic: str, segment_id: int, rates: SegmentRates) -> None:
         key = (namespace, topic, segment_id)
@@ -276,8 +304,20 @@ class ThresholdReporter:
         await self.inner.write(namespace, topic, segment_id, rates)
         self._last[key] = rates
 
+    async def write_backlog(
+        self, namespace: str, topic: str, segment_id: int, backlog: Mapping[str, int]
+    ) -> None:
+        if not isinstance(self.inner, BacklogReporter):
+            return
+        key = (namespace, topic, segment_id)
+        if not self.backlog_moved(self._last_backlog.get(key), backlog):
+            return
+        await self.inner.write_backlog(namespace, topic, segment_id, backlog)
+        self._last_backlog[key] = dict(backlog)
+
     def forget(self, namespace: str, topic: str, segment_id: int) -> None:
         self._last.pop((namespace, topic, segment_id), None)
+        self._last_backlog.pop((namespace, topic, segment_id), None)
         if isinstance(self.inner, ForgettingReporter):
             self.inner.forget(namespace, topic, segment_id)
 
@@ -416,6 +456,7 @@ class LoadTracker:
                     rates=rates,
                     messages_in=messages_in,
                     key_hist=hist,
+                    backlog=dict(seg.backlog_source()) if seg.backlog_source is not None else {},
                 )
             )
         return out
@@ -428,7 +469,8 @@ class LoadTracker:
                 g.labels(*labels).set(v)
 
     async def publish(self, records: list[LoadRecord]) -> None:
-        """Export gauges, append the history (in a thread) and report every segment.
+        """Export gauges, append the history (in a thread) and report every segment (its rates,
+        and its backlog to a `BacklogReporter`).
 
         A failing history write or reporter write is logged and does not stop the others: the
         next interval brings a fresh sample anyway.
@@ -448,6 +490,18 @@ class LoadTracker:
                 raise
             except Exception:
                 log.exception("load report for %s/%s/%d failed", r.namespace, r.topic, r.segment_id)
+            if not isinstance(self.reporter, BacklogReporter) or (
+                (r.namespace, r.topic, r.segment_id) not in self._segments
+            ):
+                continue
+            try:
+                await self.reporter.write_backlog(r.namespace, r.topic, r.segment_id, r.backlog)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "backlog report for %s/%s/%d failed", r.namespace, r.topic, r.segment_id
+                )
 
     async def step(self) -> list[LoadRecord]:
         """One sampling step at `clock()`: tick, then publish."""

@@ -82,8 +82,8 @@ class _SegmentCollector(Collector):
             seg = hosted.segment
             meta = seg.meta
             labels = [meta.namespace, meta.topic, str(meta.segment_id)]
-            for name, disp in hosted.dispatchers.items():
-                backlog.add_metric([*labels, name], seg.backlog(disp.cursor))
+            for name, count in hosted.backlog().items():
+                backlog.add_metric([*labels, name], count)
             in_flight.add_metric(labels, seg.in_flight)
             sealed.add_metric(labels, 1 if seg.sealed else 0)
             last.add_metric(labels, seg.visible_position)

@@ -210,6 +210,44 @@ async def test_consume_json_output(stack: Stack, roundtrip: RoundTrip) -> None:
     assert any(r["key"] is None for r in records)
 
 
+async def test_backlog_in_segment_status_and_dag(stack: Stack) -> None:
+    """The owning broker writes ``Segment.status.backlog`` (entries not acknowledged, per
+    subscription) and ``stopic dag`` shows it; consuming one subscription brings its count to
+    0 and leaves the others."""
+    name = "backlog"
+    await new_topic(stack, name, segments=1)
+    sent = await stopic(stack, "produce", name, "--count", "6", "--keys", "3")
+    assert sent.returncode == 0, sent.stderr
+    url = (await stack.broker_segments(name))[0]
+    stats = await stack.segment_stats(url, name, 0)
+    assert stats is not None
+    entries = int(stats["nextPosition"]) - int(stats["firstPosition"])
+    assert entries > 0, stats
+    unread = {sub["name"]: entries for sub in SUBSCRIPTIONS}
+
+    async def backlog_is(wanted: dict[str, int]) -> bool:
+        status = (await stack.segments(name))[0].get("status") or {}
+        return status.get("backlog") == wanted
+
+    await eventually(lambda: backlog_is(unread), 30, f"status.backlog {unread}")
+    dag = await stopic(stack, "dag", name, within=30)
+    assert dag.returncode == 0, dag.stderr
+    assert f"backlog {3 * entries})" in dag.stdout, dag.stdout
+
+    consumed = await stopic(stack, "consume", name, "-s", "billing", "--count", "6")
+    assert consumed.returncode == 0, consumed.stderr
+    read = {**unread, "billing": 0}
+    await eventually(lambda: backlog_is(read), 30, f"status.backlog {read}")
+    dag = await stopic(stack, "dag", name, within=30)
+    assert f"backlog {2 * entries})" in dag.stdout, dag.stdout
+
+    # A subscription removed from the spec goes from the broker, and from status.backlog.
+    kept = [sub for sub in SUBSCRIPTIONS if sub["name"] != "export"]
+    await stack.apply_topic(topic_body(name, segments=1, subscriptions=kept))
+    left = {"billing": 0, "audit": entries}
+    await eventually(lambda: backlog_is(left), 30, f"status.backlog {left}")
+
+
 # -- split and merge -----------------------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -295,6 +296,63 @@ async def test_threshold_retries_after_a_failed_write_and_forgets_removed_segmen
     assert inner.forgotten == [("ns", "t", 0)]
     await rep.write("ns", "t", 0, rates(100.0))  # treated as a first sample again
     assert len(inner.writes) == 2
+
+
+class BacklogRecorder(CountingReporter):
+    """A reporter of rates and backlogs (as the Kubernetes one is): remembers each backlog."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backlogs: list[dict[str, int]] = []
+
+    async def write_backlog(
+        self, namespace: str, topic: str, segment_id: int, backlog: Mapping[str, int]
+    ) -> None:
+        self.backlogs.append(dict(backlog))
+
+
+async def test_backlog_is_reported_by_the_25_percent_rule_and_steady_writes_nothing() -> None:
+    clock = Clock(T0)
+    inner = BacklogRecorder()
+    tracker = make_tracker(clock, ThresholdReporter(inner))
+    backlog = {"billing": 4}
+    tracker.segment("ns", "t", 0, "0000-ffff-0", (0, 0xFFFF)).backlog_source = lambda: backlog
+
+    async def step(**counts: int) -> None:
+        backlog.clear()
+        backlog.update(counts)
+        clock.t += 10
+        await tracker.step()
+
+    await step(billing=4)  # the first sample
+    await step(billing=4)  # steady: nothing
+    await step(billing=5)  # +25 %: not more than 25 %
+    await step(billing=6)  # +50 %
+    await step(billing=6, audit=0)  # a subscription appeared
+    await step(billing=6, audit=0)
+    await step(billing=0, audit=0)  # consumed: n -> 0 always counts
+    await step(billing=0, audit=0)  # 0 -> 0 never does
+    await step(audit=0)  # a subscription went
+    assert inner.backlogs == [
+        {"billing": 4},
+        {"billing": 6},
+        {"billing": 6, "audit": 0},
+        {"billing": 0, "audit": 0},
+        {"audit": 0},
+    ]
+
+
+async def test_a_reporter_without_backlogs_gets_rates_only() -> None:
+    clock = Clock(T0)
+    inner = CountingReporter()
+    rep = ThresholdReporter(inner)
+    tracker = make_tracker(clock, rep)
+    tracker.segment("ns", "t", 0, "0000-ffff-0", (0, 0xFFFF)).backlog_source = lambda: {"s": 3}
+    clock.t += 10
+    records = await tracker.step()
+    assert records[0].backlog == {"s": 3}
+    assert len(inner.writes) == 1
+    assert "backlog" not in records[0].to_json()  # the history's schema is unchanged
 
 
 # --- history ----------------------------------------------------------------------------------

@@ -1159,7 +1159,9 @@ class SegmentStatus(_Status):
         "removed when an operator truncated it.",
     )
     backlog: dict[str, int] = Field(
-        default_factory=dict, description="Unconsumed entries per subscription."
+        default_factory=dict,
+        description="Entries not acknowledged, per subscription (written by the owning broker "
+        "when a count moved by more than 25 % or a subscription came or went).",
     )
     sealed_at: Timestamp | None = Field(None, description="When the segment was sealed.")
     created_at_epoch: int | None = Field(
@@ -1180,11 +1182,6 @@ class SegmentStatus(_Status):
     subscriptions: list[str] = Field(
         default_factory=list,
         description="Subscriptions the operator has provisioned on the segment's broker.",
-    )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        description="Optional conditions (e.g. Ready).",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
 
 
