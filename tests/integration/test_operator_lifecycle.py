@@ -23,6 +23,7 @@ import yaml
 from scalable_topics.client.segment import SegmentError, SegmentProducer, SegmentSealedError
 from scalable_topics.core.layout import SegmentLayout
 
+from .conftest import metric_samples
 from .operator_harness import (
     REPO,
     SEGMENTS,
@@ -78,6 +79,29 @@ async def _consistent(stack: Stack, name: str) -> SegmentLayout:
     return current
 
 
+TOPIC_GAUGES = ("scalable_topic_active_segments", "scalable_topic_layout_epoch")
+
+
+async def topic_gauges(controller_url: str, name: str) -> dict[str, float]:
+    """The leader's per-topic gauges of ``default/name`` (absent series are left out)."""
+    samples = await metric_samples(controller_url)
+    labels = (("namespace", "default"), ("topic", name))
+    return {g: samples[(g, labels)] for g in TOPIC_GAUGES if (g, labels) in samples}
+
+
+async def segment_status_writes(controller_url: str) -> float:
+    samples = await metric_samples(controller_url)
+    key = (("kind", "Segment"), ("outcome", "written"))
+    return samples.get(("scalable_topic_status_writes_total", key), 0.0)
+
+
+async def wait_gauges(controller_url: str, name: str, wanted: dict[str, float]) -> None:
+    async def reached() -> bool:
+        return await topic_gauges(controller_url, name) == wanted
+
+    await eventually(reached, 30, f"{name}: gauges {wanted}")
+
+
 async def test_example_topic_becomes_ready(stack: Stack) -> None:
     started = time.monotonic()
     # --validate=strict: unknown fields would fail the request (metadata must not count).
@@ -124,6 +148,8 @@ async def test_split_merge_and_rejected_request(stack: Stack) -> None:
     await stack.apply_topic(topic_body(name, segments=2))
     await stack.wait_ready(name)
 
+    leader_url = (await stack.topic(name) or {})["status"]["controller"]["url"]
+    before = await segment_status_writes(leader_url)
     await stack.request(name, {"id": "r1", "op": "split", "segments": [0]})
     topic = await stack.wait_request(name, "r1")
     assert topic["status"]["lastRequest"]["result"] == "Succeeded"
@@ -133,6 +159,15 @@ async def test_split_merge_and_rejected_request(stack: Stack) -> None:
     assert sorted(s.segment_id for s in current.active()) == [1, 2, 3]
     assert current.segments[0].child_ids == (2, 3)
     assert topic["status"]["lastSplitAt"]
+    controller_url = topic["status"]["controller"]["url"]
+    await wait_gauges(
+        controller_url,
+        name,
+        {"scalable_topic_active_segments": 3, "scalable_topic_layout_epoch": 1},
+    )
+    # Segment status writes of the split: two children placed and made Active, the parent
+    # sealed (5), at least.
+    assert await segment_status_writes(controller_url) - before >= 5
 
     # #2 (0000-3fff) and #1 (8000-ffff) are not adjacent: rejected, nothing changes.
     await stack.request(name, {"id": "r2", "op": "merge", "segments": [2, 1]})
@@ -147,6 +182,11 @@ async def test_split_merge_and_rejected_request(stack: Stack) -> None:
     assert topic["status"]["epoch"] == 2
     merged = await assert_consistent(stack, name)
     assert sorted(s.segment_id for s in merged.active()) == [1, 4]
+    await wait_gauges(
+        controller_url,
+        name,
+        {"scalable_topic_active_segments": 2, "scalable_topic_layout_epoch": 2},
+    )
     assert merged.segments[4].parent_ids == (2, 3)
 
     async def events() -> list[JsonObj] | None:
@@ -410,11 +450,19 @@ async def test_delete_runs_finalizer(stack: Stack) -> None:
     await stack.apply_topic(topic_body(name, segments=3))
     await stack.wait_ready(name)
     await stack.request(name, {"id": "s", "op": "split", "segments": [1]})
-    await stack.wait_request(name, "s")
+    topic = await stack.wait_request(name, "s")
     assert len(await stack.broker_segments(name)) == 5
+    controller_url = topic["status"]["controller"]["url"]
+    await wait_gauges(
+        controller_url,
+        name,
+        {"scalable_topic_active_segments": 4, "scalable_topic_layout_epoch": 1},
+    )
 
     await stack.kubectl("delete", "stopic", name, "--wait=true", "--timeout=60s", within=90)
     assert await stack.topic(name) is None
+    # No stale series of the deleted topic is left on the leader.
+    await wait_gauges(controller_url, name, {})
 
     async def gone() -> bool:
         return not await stack.segments(name) and not await stack.broker_segments(name)

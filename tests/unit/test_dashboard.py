@@ -1,8 +1,10 @@
 """The Grafana dashboard (docs/dashboards/scalable-topics.json) queries only metrics the
-operator and the brokers export, grouped by labels they carry."""
+operator and the brokers export, grouped by labels they carry, and code of theirs produces
+every one of them (a metric only declared leaves its panel empty on a live system)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -13,7 +15,9 @@ from prometheus_client import REGISTRY, CollectorRegistry
 import scalable_topics.controller.metrics as operator_metrics
 from segment_broker import metrics as broker_metrics
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "dashboards" / "scalable-topics.json"
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARD = REPO / "docs" / "dashboards" / "scalable-topics.json"
+SOURCES = (REPO / "operator" / "scalable_topics", REPO / "broker-image" / "segment_broker")
 METRIC = re.compile(r"\b((?:scalable_topic|segment_broker)_[a-z0-9_]+)")
 GROUPING = re.compile(r"\bby \(([^)]*)\)")
 SCRAPE_LABELS = {"pod", "instance", "job", "le"}
@@ -77,3 +81,59 @@ def test_the_check_rejects_an_unknown_metric_and_label() -> None:
     assert "segment_broker_msg_rate_in" not in names
     assert "segment_broker_produced_messages_total" in names
     assert "subscription" not in labels["scalable_topic_active_segments"]
+
+
+def _metric_variables() -> dict[str, str]:
+    """Family name → the variable (operator module) or attribute (``BrokerMetrics``) holding
+    the prometheus-client object. Families missing here are the broker's per-segment
+    collector's, computed from the hosted segments at every scrape."""
+    found: dict[str, str] = {}
+    for variables in (vars(operator_metrics), vars(broker_metrics.BrokerMetrics())):
+        for variable, metric in variables.items():
+            name = getattr(metric, "_name", None)
+            if isinstance(name, str) and getattr(metric, "_labelnames", None) is not None:
+                found[name] = variable
+    return found
+
+
+def _read_names(root: Path) -> set[str]:
+    """Names and attributes read (not assigned) anywhere in the non-test code under ``root``."""
+    read: set[str] = set()
+    for path in root.rglob("*.py"):
+        if path.name == "testing.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                read.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                read.add(node.attr)
+    return read
+
+
+def test_every_metric_the_dashboard_queries_is_produced_by_code() -> None:
+    """Each metric object a query names is used beyond its declaration (its value is set,
+    counted or observed, or it is handed to code that does). The values themselves are checked
+    by the integration tests (e.g. test_operator_lifecycle.py: the per-topic gauges after a
+    split and after deletion)."""
+    variables = _metric_variables()
+    read = set().union(*(_read_names(root) for root in SOURCES))
+    names, _ = exported()
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    queried = {names[m] for p in panels for t in p["targets"] for m in METRIC.findall(t["expr"])}
+    queried |= {
+        names[m]
+        for v in json.loads(DASHBOARD.read_text())["templating"]["list"]
+        for m in METRIC.findall(str(v.get("query", "")))
+    }
+    assert "scalable_topic_active_segments" in queried
+    unused = sorted(f for f in queried if f in variables and variables[f] not in read)
+    assert not unused, f"declared but never set: {unused}"
+
+
+def test_every_metric_the_docs_name_is_exported() -> None:
+    names, _ = exported()
+    for doc in sorted((REPO / "docs").glob("*.md")):
+        for name in METRIC.findall(doc.read_text()):
+            if name.startswith("segment_broker_") and name.endswith(("_rate_in", "_rate_out")):
+                continue  # the load tracker's gauges (segment_broker/load.py), own registry
+            assert name in names, f"{doc.name}: {name} is not exported"

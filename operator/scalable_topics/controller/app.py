@@ -29,6 +29,7 @@ from ..core.resources import (
     get_condition,
     parse_topic_spec,
 )
+from . import metrics
 from .autoscale import AutoScaler
 from .brokers import BrokerAdmin
 from .cache import TopicCache, layout_of
@@ -152,6 +153,7 @@ class Controller:
         """A split/merge/rebucket committed: consumers get new assignments, and one more
         reconcile pass brings the conditions and the rest of the status up to date (the
         operator's own status writes do not trigger passes)."""
+        metrics.observe_layout(namespace, name, layout)
         self.hub.layout_changed(namespace, name, layout)
         self.queue.add((namespace, name))
 
@@ -231,6 +233,7 @@ class Controller:
         for namespace, name in list(self.cache.topics):
             if self.leadership.shard_of(namespace, name) == shard:
                 self.hub.forget_topic(namespace, name)
+                metrics.forget_topic(namespace, name)
         self.cache.notify_controller_changed()
         log.warning(
             "shard %d lost: cancelled %d reconcile(s) or operation(s) in progress", shard, cancelled

@@ -22,6 +22,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from ..core.resources import GROUP, VERSION
 from ..core.resources import SEGMENT_PLURAL as SEGMENTS
 from ..core.resources import TOPIC_PLURAL as SCALABLE_TOPICS
+from . import metrics
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +196,7 @@ class KubeApi:
 
     async def patch_segment_status(self, namespace: str, name: str, status: Body) -> Body:
         try:
-            return cast(
+            written = cast(
                 Body,
                 await self.custom.patch_namespaced_custom_object_status(
                     GROUP,
@@ -208,7 +209,10 @@ class KubeApi:
                 ),
             )
         except ApiException as exc:
+            metrics.STATUS_WRITES.labels("Segment", "failed").inc()
             raise _translate(exc) from None
+        metrics.STATUS_WRITES.labels("Segment", "written").inc()
+        return written
 
     async def delete_segment(self, namespace: str, name: str) -> None:
         try:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import Counter, Gauge, Histogram
+
+from ..core.layout import SegmentLayout
 
 TOPIC_LABELS = ("namespace", "topic")
 
@@ -92,3 +96,17 @@ LAYOUT_REBUILDS = Counter(
     "LayoutLost; counted on every attempt)",
     (*TOPIC_LABELS, "outcome"),
 )
+
+
+def observe_layout(namespace: str, topic: str, layout: SegmentLayout) -> None:
+    """Set the per-topic gauges from the committed layout (the leader calls this)."""
+    ACTIVE_SEGMENTS.labels(namespace, topic).set(len(layout.active()))
+    LAYOUT_EPOCH.labels(namespace, topic).set(layout.epoch)
+
+
+def forget_topic(namespace: str, topic: str) -> None:
+    """Drop the per-topic gauges of a topic this replica no longer leads (deleted, or its
+    shard's lease lost), so no stale series stays behind for the new leader to contradict."""
+    for gauge in (ACTIVE_SEGMENTS, LAYOUT_EPOCH):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, topic)

@@ -135,6 +135,7 @@ class TopicReconciler:
         self.stats_round += 1
 
     def forget(self, namespace: str, name: str) -> None:
+        metrics.forget_topic(namespace, name)
         self._observed.pop((namespace, name), None)
         self._leftovers.pop((namespace, name), None)
         self._unknown.pop((namespace, name), None)
@@ -282,6 +283,7 @@ class TopicReconciler:
         )
         previous = get_condition((topic.get("status") or {}).get("conditions"), ConditionType.READY)
         topic = await self._write_status(topic, layout, problem)
+        metrics.observe_layout(namespace, name, layout_of(topic) or layout)
         if problem and (
             not previous
             or previous.get("reason") != problem[0]
@@ -1104,6 +1106,7 @@ class TopicReconciler:
             },
         )
         self.cache.drop_topic(ns, name)
+        metrics.forget_topic(ns, name)
         if self.on_deleted:
             self.on_deleted(ns, name)
         log.info("%s/%s: deleted %d segment(s) and released the finalizer", ns, name, len(segments))
