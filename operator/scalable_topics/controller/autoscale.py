@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..core.evaluator import LoadSample, Merge, Rebucket, Split, Suppression, decide_explained
+from ..core.evaluator import LoadSample, Merge, Rebucket, Split, decide_explained
 from ..core.policy import PolicyMode
 from ..core.recommendation import accept
 from ..core.resources import parse_time
@@ -85,6 +85,9 @@ class AutoScaler:
         self._triggered: set[Key] = set()
         self._wakeup = asyncio.Event()
         self._running: tuple[Key, asyncio.Task[str | None]] | None = None
+        self._deferred: dict[Key, asyncio.Task[None]] = {}
+        """Topics whose evaluation found the lock held, each with the task that re-triggers
+        it once the holder lets go (one per topic, however many requests came meanwhile)."""
 
     def trigger(self, namespace: str, name: str) -> None:
         """Evaluate now (a stream consumer registered or left)."""
@@ -97,6 +100,8 @@ class AutoScaler:
     async def stop(self) -> None:
         if self._running is not None:
             self._running[1].cancel()
+        for waiter in list(self._deferred.values()):
+            waiter.cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -148,9 +153,29 @@ class AutoScaler:
             return None
         lock = self.reconciler.lock(key)
         if lock.locked():
+            self._defer(key, lock)
             return None
         async with lock:
             return await self._evaluate(namespace, name)
+
+    def _defer(self, key: Key, lock: asyncio.Lock) -> None:
+        """Evaluate ``key`` again once ``lock`` is released instead of dropping the request: a
+        stream consumer that registers during a reconcile pass would otherwise wait a whole
+        ``evaluationInterval`` for the split it calls for."""
+        if key in self._deferred:
+            return
+
+        async def after_release() -> None:
+            try:
+                async with lock:
+                    pass
+            finally:
+                self._deferred.pop(key, None)
+            self.trigger(*key)
+
+        self._deferred[key] = asyncio.create_task(
+            after_release(), name=f"autoscale-deferred-{key[0]}/{key[1]}"
+        )
 
     async def _evaluate(self, namespace: str, name: str) -> str | None:
         topic = self.cache.topics.get((namespace, name))
@@ -193,10 +218,7 @@ class AutoScaler:
                 buckets=buckets,
             )
             for suppression in decision.suppressed:
-                if suppression is Suppression.MAX_SEGMENTS:
-                    metrics.SPLIT_SUPPRESSED_MAX_SEGMENTS.labels(namespace, name).inc()
-                elif suppression is Suppression.MAX_DAG_DEPTH:
-                    metrics.MERGE_SUPPRESSED_MAX_DEPTH.labels(namespace, name).inc()
+                metrics.AUTOSCALE_SUPPRESSED.labels(namespace, name, suppression.value).inc()
             action = decision.action
             source = "auto"
         if action is None:

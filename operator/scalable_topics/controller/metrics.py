@@ -25,15 +25,12 @@ AUTO_REBUCKETS = Counter(
     "Rebucket rollovers decided by the auto-scaler",
     TOPIC_LABELS,
 )
-SPLIT_SUPPRESSED_MAX_SEGMENTS = Counter(
-    "scalable_topic_split_suppressed_max_segments_total",
-    "Split passes skipped because the topic is at maxSegments",
-    TOPIC_LABELS,
-)
-MERGE_SUPPRESSED_MAX_DEPTH = Counter(
-    "scalable_topic_merge_suppressed_max_depth_total",
-    "Cold pairs not merged because a lineage is at maxDagDepth",
-    TOPIC_LABELS,
+AUTOSCALE_SUPPRESSED = Counter(
+    "scalable_topic_autoscale_suppressed_total",
+    "Auto-scale evaluations where the rules wanted an action that a gate held back, by the "
+    "gate (core.evaluator.Suppression values: max-segments, split-cooldown, unsplittable, "
+    "buckets-unknown, bucket-max, min-segments, merge-cooldown, max-dag-depth, disabled)",
+    (*TOPIC_LABELS, "reason"),
 )
 OPERATIONS = Counter(
     "scalable_topic_operations_total",

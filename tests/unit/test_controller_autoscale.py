@@ -1,0 +1,293 @@
+"""The leader's auto-scaler (``controller.autoscale``) in process, on the real cache, reconciler
+and executor objects: what it counts when the evaluator holds an action back, and that an
+evaluation asked for while the topic's lock is held is run once the lock is released.
+
+The Kubernetes client and broker admin are real objects but never reached: every scenario here
+ends without an action, so nothing is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client as k8s
+from prometheus_client import REGISTRY
+
+from scalable_topics.controller.autoscale import AutoScaler
+from scalable_topics.controller.brokers import BrokerAdmin
+from scalable_topics.controller.cache import TopicCache
+from scalable_topics.controller.kube import Body, KubeApi
+from scalable_topics.controller.protocol import OperationExecutor
+from scalable_topics.controller.reconciler import TopicReconciler
+from scalable_topics.core.layout import SegmentLayout
+from scalable_topics.core.policy import AutoScalePolicy
+from scalable_topics.core.resources import LABEL_TOPIC, format_time
+
+NAMESPACE = "autoscale-test"
+NOW = 1_000_000.0
+HOT = 20_000.0
+"""msgRateIn above the default split threshold (10000/s)."""
+AGED = 1_000.0
+"""Seconds since a load sample was written: beyond the default merge window (300 s)."""
+
+
+@dataclass
+class World:
+    cache: TopicCache
+    reconciler: TopicReconciler
+    scaler: AutoScaler
+    consumers: dict[str, int] = field(default_factory=dict)
+    evaluations: int = 0
+    leads_calls: int = 0
+
+
+async def _no_events(topic: Body, type_: str, reason: str, message: str) -> None:
+    raise AssertionError(f"unexpected event {reason}: {message}")
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    api = k8s.ApiClient()
+    kube = KubeApi(api)
+    brokers = BrokerAdmin()
+    cache = TopicCache(controller_url=lambda namespace, name: "http://controller")
+    executor = OperationExecutor(kube, brokers, cache, events=_no_events)
+    reconciler = TopicReconciler(
+        kube,
+        brokers,
+        cache,
+        executor,
+        leads=lambda namespace, name: True,
+        controller_ref=lambda namespace, name: {},
+        defaults=AutoScalePolicy(),
+    )
+    holder: list[World] = []
+
+    def leads(namespace: str, name: str) -> bool:
+        holder[0].leads_calls += 1
+        return True
+
+    def stream_consumers(namespace: str, name: str) -> dict[str, int]:
+        """Called once per evaluation that reaches the evaluator: the count of those."""
+        holder[0].evaluations += 1
+        return dict(holder[0].consumers)
+
+    scaler = AutoScaler(
+        cache,
+        reconciler,
+        executor,
+        leads=leads,
+        stream_consumers=stream_consumers,
+        tick=0.01,
+        clock=lambda: NOW,
+    )
+    holder.append(World(cache, reconciler, scaler))
+    yield holder[0]
+    await scaler.stop()
+    await api.close()
+
+
+def put_topic(
+    world: World,
+    name: str,
+    layout: SegmentLayout,
+    policy: AutoScalePolicy,
+    *,
+    rates: dict[int, float] | None = None,
+    age: float = 0.0,
+    buckets: dict[int, int] | None = None,
+    missing: frozenset[int] = frozenset(),
+    status: dict[str, Any] | None = None,
+) -> None:
+    """A topic with ``layout`` in the cache, its policy resolved, and a Segment per active
+    segment (except ``missing``) whose load sample is ``age`` seconds old."""
+    world.cache.put_topic(
+        {
+            "metadata": {"namespace": NAMESPACE, "name": name},
+            "status": {"layout": layout.to_metadata(), "epoch": layout.epoch, **(status or {})},
+        }
+    )
+    for segment in layout.active():
+        sid = segment.segment_id
+        if sid in missing:
+            continue
+        rate = (rates or {}).get(sid, 0.0)
+        world.cache.put_segment(
+            {
+                "metadata": {
+                    "namespace": NAMESPACE,
+                    "name": f"{name}-{sid}",
+                    "labels": {LABEL_TOPIC: name},
+                },
+                "spec": {"segmentId": sid, "buckets": (buckets or {}).get(sid, 1)},
+                "status": {
+                    "state": "Active",
+                    "load": {
+                        "msgRateIn": rate,
+                        "bytesRateIn": 0.0,
+                        "msgRateOut": 0.0,
+                        "bytesRateOut": 0.0,
+                        "updatedAt": format_time(NOW - age),
+                    },
+                },
+            }
+        )
+    world.reconciler.policies[(NAMESPACE, name)] = policy
+
+
+def suppressed(name: str) -> dict[str, float]:
+    """``scalable_topic_autoscale_suppressed_total`` of the topic, by reason."""
+    found: dict[str, float] = {}
+    for family in REGISTRY.collect():
+        if family.name != "scalable_topic_autoscale_suppressed":
+            continue
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name.endswith("_total") and labels["topic"] == name:
+                assert labels["namespace"] == NAMESPACE
+                found[labels["reason"]] = sample.value
+    return found
+
+
+Scenario = Callable[[World, str], None]
+
+
+def _disabled(world: World, name: str) -> None:
+    put_topic(world, name, SegmentLayout.initial(2), AutoScalePolicy(enabled=False))
+
+
+def _max_segments(world: World, name: str) -> None:
+    put_topic(
+        world, name, SegmentLayout.initial(2), AutoScalePolicy(max_segments=2), rates={0: HOT}
+    )
+
+
+def _split_cooldown(world: World, name: str) -> None:
+    put_topic(
+        world,
+        name,
+        SegmentLayout.initial(2),
+        AutoScalePolicy(),
+        rates={0: HOT},
+        status={"lastSplitAt": format_time(NOW - 1)},
+    )
+
+
+def _unsplittable(world: World, name: str) -> None:
+    layout = SegmentLayout.initial(1).split(0, at=0)
+    (single,) = [s.segment_id for s in layout.active() if s.hash_range.size == 1]
+    put_topic(world, name, layout, AutoScalePolicy(), rates={single: HOT})
+
+
+def _buckets_unknown(world: World, name: str) -> None:
+    world.consumers = {"billing": 3}
+    put_topic(
+        world,
+        name,
+        SegmentLayout.initial(2),
+        AutoScalePolicy(max_segments=2),
+        missing=frozenset({1}),
+    )
+
+
+def _bucket_max(world: World, name: str) -> None:
+    world.consumers = {"billing": 3000}  # more than the 2 x 1024 buckets there are
+    put_topic(
+        world,
+        name,
+        SegmentLayout.initial(2),
+        AutoScalePolicy(max_segments=2),
+        buckets={0: 1024, 1: 1024},
+    )
+
+
+def _min_segments(world: World, name: str) -> None:
+    put_topic(world, name, SegmentLayout.initial(2), AutoScalePolicy(min_segments=2), age=AGED)
+
+
+def _merge_cooldown(world: World, name: str) -> None:
+    put_topic(
+        world,
+        name,
+        SegmentLayout.initial(2),
+        AutoScalePolicy(),
+        age=AGED,
+        status={"lastMergeAt": format_time(NOW - 1)},
+    )
+
+
+def _max_dag_depth(world: World, name: str) -> None:
+    layout = SegmentLayout.initial(3).merge(0, 1)
+    put_topic(world, name, layout, AutoScalePolicy(max_dag_depth=1), age=AGED)
+
+
+SCENARIOS: dict[str, tuple[Scenario, dict[str, float]]] = {
+    "disabled": (_disabled, {"disabled": 1}),
+    "max-segments": (_max_segments, {"max-segments": 1}),
+    "split-cooldown": (_split_cooldown, {"split-cooldown": 1}),
+    "unsplittable": (_unsplittable, {"unsplittable": 1}),
+    "buckets-unknown": (_buckets_unknown, {"max-segments": 1, "buckets-unknown": 1}),
+    "bucket-max": (_bucket_max, {"max-segments": 1, "bucket-max": 1}),
+    "min-segments": (_min_segments, {"min-segments": 1}),
+    "merge-cooldown": (_merge_cooldown, {"merge-cooldown": 1}),
+    "max-dag-depth": (_max_dag_depth, {"max-dag-depth": 1}),
+}
+
+
+@pytest.mark.parametrize("reason", sorted(SCENARIOS))
+async def test_every_suppression_reason_is_counted_by_label(world: World, reason: str) -> None:
+    scenario, expected = SCENARIOS[reason]
+    name = f"held-{reason}"
+    scenario(world, name)
+    assert suppressed(name) == {}
+    assert await world.scaler.evaluate((NAMESPACE, name)) is None
+    assert world.evaluations == 1
+    assert suppressed(name) == expected
+    assert await world.scaler.evaluate((NAMESPACE, name)) is None
+    assert suppressed(name) == {label: 2 * value for label, value in expected.items()}
+
+
+async def _until(predicate: Callable[[], bool], what: str, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within}s: {what}")
+        await asyncio.sleep(0.005)
+
+
+async def _trigger_and_wait_until_looked_at(world: World, key: tuple[str, str]) -> None:
+    """Trigger an evaluation and wait until the scaler took it up (asked whether it leads)."""
+    looked = world.leads_calls + 1
+    world.scaler.trigger(*key)
+    await _until(lambda: world.leads_calls == looked, "the trigger taken up")
+
+
+async def test_an_evaluation_asked_for_under_the_lock_runs_once_after_release(
+    world: World,
+) -> None:
+    name = "locked"
+    key = (NAMESPACE, name)
+    put_topic(world, name, SegmentLayout.initial(2), AutoScalePolicy(evaluation_interval=3600))
+    world.scaler.start()
+    await _until(lambda: world.evaluations == 1, "the first periodic evaluation")
+
+    lock = world.reconciler.lock(key)
+    await lock.acquire()
+    try:
+        for _ in range(3):
+            await _trigger_and_wait_until_looked_at(world, key)
+        assert world.evaluations == 1, "evaluated while the lock was held"
+    finally:
+        lock.release()
+
+    await _until(lambda: world.evaluations == 2, "the deferred evaluation after release")
+    await _until(lambda: not world.scaler._deferred, "no evaluation still deferred")
+    # Three requests under the lock, one evaluation after it: a fresh request runs on its own.
+    world.scaler.trigger(*key)
+    await _until(lambda: world.evaluations == 3, "a later trigger")
+    assert world.evaluations == 3
