@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..core.logfmt import configure
 from .app import Controller, ControllerSettings
+from .health import DEFAULT_LEASE_TOLERANCE, DEFAULT_STALL, LivenessRule
 from .leases import ElectionTimings
 
 
@@ -43,10 +44,26 @@ def parse_args(argv: list[str] | None = None) -> ControllerSettings:
     parser.add_argument("--renew-deadline", type=float, default=10.0)
     parser.add_argument("--retry-period", type=float, default=2.0)
     parser.add_argument("--resync-interval", type=float, default=60.0)
+    parser.add_argument(
+        "--lease-tolerance",
+        type=float,
+        default=DEFAULT_LEASE_TOLERANCE,
+        help="/healthz fails when a led shard's Lease is not renewed for lease-duration + this",
+    )
+    parser.add_argument(
+        "--liveness-stall",
+        type=float,
+        default=DEFAULT_STALL,
+        help="/healthz fails when topics wait and no reconcile started or finished for this long",
+    )
     parser.add_argument("--recommendation-freshness", type=float, default=1200.0)
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     args = parser.parse_args(argv)
+    try:
+        LivenessRule(args.lease_duration, args.lease_tolerance, args.liveness_stall)
+    except ValueError as exc:
+        parser.error(str(exc))
     configure(args.log_level, args.log_format)
     token = args.broker_token_file.read_text().strip() if args.broker_token_file else None
     return ControllerSettings(
@@ -63,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> ControllerSettings:
         timings=ElectionTimings(args.lease_duration, args.renew_deadline, args.retry_period),
         resync_interval=args.resync_interval,
         recommendation_freshness=args.recommendation_freshness,
+        lease_tolerance=args.lease_tolerance,
+        liveness_stall=args.liveness_stall,
     )
 
 

@@ -9,8 +9,10 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -35,6 +37,7 @@ from .brokers import BrokerAdmin
 from .cache import TopicCache, layout_of
 from .consumers import ConsumerHub
 from .corruption import corruption_changed
+from .health import DEFAULT_LEASE_TOLERANCE, DEFAULT_STALL, LivenessRule, QueueProgress
 from .kube import Body, KubeApi
 from .leadership import ShardLeadership
 from .leases import ElectionTimings
@@ -66,6 +69,8 @@ class ControllerSettings:
     resync_interval: float = 60.0
     recommendation_freshness: float = 1200.0
     defaults: AutoScalePolicy = DEFAULT_POLICY
+    lease_tolerance: float = DEFAULT_LEASE_TOLERANCE
+    liveness_stall: float = DEFAULT_STALL
 
     def advertised_url(self) -> str:
         return self.url or f"http://{self.host}:{self.port}"
@@ -87,6 +92,9 @@ class Controller:
 
     async def _build(self) -> None:
         s = self.settings
+        self.liveness_rule = LivenessRule(
+            s.timings.lease_duration, s.lease_tolerance, s.liveness_stall
+        )
         self.kube = kube = await KubeApi.connect(s.kubeconfig)
         # The Lease holder is this *process*, as client-go's ``<hostname>_<uuid>``: a container
         # restarted in the same pod must not inherit the dead process's leadership by renewing
@@ -347,6 +355,30 @@ class Controller:
     def _ready(self) -> bool:
         return self._kopf_ready.is_set() and not self._stop.is_set()
 
+    def _liveness(self) -> list[dict[str, Any]]:
+        """The failed liveness checks (empty: alive), each with the wall time of the last
+        progress it saw; sets ``scalable_topic_operator_healthy{check}`` for every check."""
+        rule = self.liveness_rule
+        leases = self.leadership.progress()
+        now = time.monotonic()
+        failures = rule.failures(
+            now, leases, QueueProgress(self.queue.waiting, self.queue.last_progress)
+        )
+        failed = {f.check for f in failures}
+        for check in rule.checks(leases):
+            metrics.HEALTHY.labels(check).set(0 if check in failed else 1)
+        wall = time.time()
+        return [
+            {
+                "check": f.check,
+                "reason": f.reason,
+                "since": None
+                if f.since is None
+                else datetime.fromtimestamp(wall - (now - f.since), UTC).isoformat(),
+            }
+            for f in failures
+        ]
+
     async def run(self) -> None:
         # kopf logs every handled watch event at INFO ("Handler ... succeeded"): with only
         # on.event handlers that is one line per object change, noise at any scale.
@@ -354,7 +386,12 @@ class Controller:
         await self._build()
         assert self.kube is not None
         web_app = make_app(
-            self.cache, self.leadership, self.hub, health=self._healthy, ready=self._ready
+            self.cache,
+            self.leadership,
+            self.hub,
+            health=self._healthy,
+            ready=self._ready,
+            liveness=self._liveness,
         )
         runner = web.AppRunner(web_app, access_log=None)
         await runner.setup()

@@ -10,6 +10,7 @@ from kubernetes_asyncio.client import CoordinationV1Api
 
 from ..core.hashing import shard_of
 from . import metrics
+from .health import LeaseProgress
 from .leases import ElectionTimings, KubernetesLeaseStore, LeaderElector, shard_lease_name
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,19 @@ class ShardLeadership:
     def leader_identity(self, namespace: str, name: str) -> str:
         elector = self.electors[self.shard_of(namespace, name)]
         return self.identity if elector.is_leader else elector.observed_holder
+
+    def progress(self) -> list[LeaseProgress]:
+        """Each shard's elector as the liveness rule sees it. A loop counts as running until a
+        started one ends: before ``start()`` (the replica is still starting) nothing is wrong."""
+        return [
+            LeaseProgress(
+                shard=shard,
+                leading=elector.is_leader,
+                loop_running=not self._tasks or not self._tasks[shard].done(),
+                renewed_at=elector.renewed_at,
+            )
+            for shard, elector in enumerate(self.electors)
+        ]
 
     def start(self) -> None:
         self._tasks = [

@@ -123,6 +123,7 @@ class LeaderElector:
         self._wall_clock = wall_clock
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0
+        self._renewed_at: float | None = None
         self._leading = asyncio.Event()
         self._stopped = asyncio.Event()
         self.transitions_seen = 0
@@ -130,6 +131,11 @@ class LeaderElector:
     @property
     def is_leader(self) -> bool:
         return self._leading.is_set()
+
+    @property
+    def renewed_at(self) -> float | None:
+        """Monotonic time (this elector's clock) of its last successful acquire or renewal."""
+        return self._renewed_at
 
     @property
     def observed_holder(self) -> str:
@@ -164,6 +170,7 @@ class LeaderElector:
             except LeaseConflict:
                 return False
             self._observe(created)
+            self._renewed_at = self._clock()
             return True
 
         if not current.same_observation(self._observed):
@@ -192,6 +199,7 @@ class LeaderElector:
         except LeaseConflict:
             return False
         self._observe(written)
+        self._renewed_at = self._clock()
         return True
 
     def _observe(self, record: LeaseRecord) -> None:

@@ -51,6 +51,11 @@ FAILOVERS = Counter(
 LEADER = Gauge(
     "scalable_topic_controller_leader", "1 while this replica leads the shard", ("shard",)
 )
+HEALTHY = Gauge(
+    "scalable_topic_operator_healthy",
+    "1 while the liveness check passes, 0 while it fails (set on every /healthz evaluation)",
+    ("check",),
+)
 RECONCILES = Counter(
     "scalable_topic_reconciles_total", "Topic reconciliations, by outcome", ("outcome",)
 )

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import WSMsgType, hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -117,6 +117,7 @@ def make_app(
     *,
     health: Callable[[], bool],
     ready: Callable[[], bool],
+    liveness: Callable[[], list[dict[str, Any]]] | None = None,
     heartbeat: float = DEFAULT_HEARTBEAT,
     register_timeout: float = DEFAULT_REGISTER_TIMEOUT,
     own_url: str | None = None,
@@ -126,6 +127,9 @@ def make_app(
 
     ``own_url`` is this replica's advertised URL (default: ``routing.url`` when the routing has
     one, as ``ShardLeadership`` does); a leader URL equal to it is stale and never redirected to.
+
+    ``/healthz`` answers 503 once ``health()`` is false (stopping) and 500 with a JSON body
+    listing the failed checks while ``liveness()`` returns any (see ``controller.health``).
     """
     if own_url is None:
         candidate = getattr(routing, "url", "")
@@ -195,7 +199,12 @@ def make_app(
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok\n") if health() else web.Response(status=503, text="down\n")
+        if not health():
+            return web.Response(status=503, text="down\n")
+        failed = liveness() if liveness is not None else []
+        if failed:
+            return web.json_response({"healthy": False, "failed": failed}, status=500)
+        return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
         if ready():

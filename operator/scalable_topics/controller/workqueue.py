@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -36,8 +37,11 @@ class WorkQueue(Generic[K]):
         workers: int = 8,
         backoff: Backoff | None = None,
         name: str = "work",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._process = process
+        self._clock = clock
+        self._last_progress = clock()
         self._workers = workers
         self._backoff = backoff or Backoff()
         self._name = name
@@ -92,6 +96,16 @@ class WorkQueue(Generic[K]):
                 cancelled += 1
         return cancelled
 
+    @property
+    def waiting(self) -> int:
+        """Keys queued and not being processed (delayed retries are not waiting yet)."""
+        return len(self._queued)
+
+    @property
+    def last_progress(self) -> float:
+        """When (``clock``) a worker last took or finished a key, or the queue started."""
+        return self._last_progress
+
     def __len__(self) -> int:
         return len(self._queued) + len(self._processing)
 
@@ -100,6 +114,7 @@ class WorkQueue(Generic[K]):
 
     def start(self) -> None:
         if not self._tasks:
+            self._last_progress = self._clock()
             self._tasks = [
                 asyncio.create_task(self._work(), name=f"{self._name}-worker-{i}")
                 for i in range(self._workers)
@@ -117,6 +132,7 @@ class WorkQueue(Generic[K]):
     async def _work(self) -> None:
         while True:
             key = await self._queue.get()
+            self._last_progress = self._clock()
             self._queued.discard(key)
             self._processing.add(key)
             task = asyncio.create_task(self._process(key))
@@ -146,6 +162,7 @@ class WorkQueue(Generic[K]):
                 self._failures.pop(key, None)
                 self._processing.discard(key)
             finally:
+                self._last_progress = self._clock()
                 self._running.pop(key, None)
                 self._queue.task_done()
             if key in self._dirty:
