@@ -4,7 +4,9 @@ the real elector, shard leadership and work queue report to it, and ``/healthz``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -104,14 +106,17 @@ async def test_elector_records_renewals_and_a_wedged_renew_loop_turns_unhealthy(
         progress = LeaseProgress(0, wedged.is_leader, not task.done(), wedged.renewed_at)
         return [f.check for f in rule.failures(time.monotonic(), [progress], IDLE)]
 
-    assert failures() == []
-    await wait_for(lambda: failures() == ["lease/shard-0"], within=3.0)
-    assert wedged.is_leader and wedged.renewed_at == renewed_at
-    hang.set()
-    await wait_for(lambda: wedged.renewed_at != renewed_at, within=3.0)
-    assert failures() == []
-    wedged.stop()
-    await task
+    try:
+        assert failures() == []
+        await wait_for(lambda: failures() == ["lease/shard-0"], within=3.0)
+        assert wedged.is_leader and wedged.renewed_at == renewed_at
+        hang.set()
+        await wait_for(lambda: wedged.renewed_at != renewed_at, within=3.0)
+        assert failures() == []
+    finally:
+        hang.set()
+        wedged.stop()
+        await task
 
 
 async def test_a_leader_that_cannot_write_steps_down_and_stays_healthy() -> None:
@@ -136,6 +141,16 @@ class FakeClock:
         return self.now
 
 
+@contextlib.asynccontextmanager
+async def running(queue: WorkQueue[str]) -> AsyncIterator[WorkQueue[str]]:
+    """Starts the queue and stops it (cancelling a blocked worker) even when the test fails."""
+    queue.start()
+    try:
+        yield queue
+    finally:
+        await queue.stop()
+
+
 async def test_work_queue_reports_waiting_keys_and_progress() -> None:
     clock = FakeClock()
     release = asyncio.Event()
@@ -146,23 +161,21 @@ async def test_work_queue_reports_waiting_keys_and_progress() -> None:
             await release.wait()
         done.append(key)
 
-    queue: WorkQueue[str] = WorkQueue(process, workers=1, clock=clock)
-    queue.start()
-    assert (queue.waiting, queue.last_progress) == (0, 1000.0)
-    clock.now = 1010.0
-    queue.add("slow")
-    await wait_for(lambda: queue.waiting == 0 and len(queue) == 1)
-    assert queue.last_progress == 1010.0
-    queue.add("next")
-    assert queue.waiting == 1
-    clock.now = 1010.0 + RULE.stall + 1
-    failed = RULE.failures(clock.now, [], QueueProgress(queue.waiting, queue.last_progress))
-    assert [(f.check, f.since) for f in failed] == [(QUEUE_CHECK, 1010.0)]
-    release.set()
-    await queue.wait_idle()
-    assert done == ["slow", "next"] and queue.waiting == 0
-    assert queue.last_progress == clock.now
-    await queue.stop()
+    async with running(WorkQueue(process, workers=1, clock=clock)) as queue:
+        assert (queue.waiting, queue.last_progress) == (0, 1000.0)
+        clock.now = 1010.0
+        queue.add("slow")
+        await wait_for(lambda: queue.waiting == 0 and len(queue) == 1)
+        assert queue.last_progress == 1010.0
+        queue.add("next")
+        assert queue.waiting == 1
+        clock.now = 1010.0 + RULE.stall + 1
+        failed = RULE.failures(clock.now, [], QueueProgress(queue.waiting, queue.last_progress))
+        assert [(f.check, f.since) for f in failed] == [(QUEUE_CHECK, 1010.0)]
+        release.set()
+        await asyncio.wait_for(queue.wait_idle(), 5.0)
+        assert done == ["slow", "next"] and queue.waiting == 0
+        assert queue.last_progress == clock.now
 
 
 async def test_a_finished_reconcile_counts_as_progress() -> None:
@@ -172,16 +185,14 @@ async def test_a_finished_reconcile_counts_as_progress() -> None:
     async def process(key: str) -> None:
         await release.wait()
 
-    queue: WorkQueue[str] = WorkQueue(process, workers=1, clock=clock)
-    queue.start()
-    queue.add("long")
-    await wait_for(lambda: queue.waiting == 0 and len(queue) == 1)
-    assert queue.last_progress == 1000.0
-    clock.now = 1050.0
-    release.set()
-    await queue.wait_idle()
-    assert queue.last_progress == 1050.0
-    await queue.stop()
+    async with running(WorkQueue(process, workers=1, clock=clock)) as queue:
+        queue.add("long")
+        await wait_for(lambda: queue.waiting == 0 and len(queue) == 1)
+        assert queue.last_progress == 1000.0
+        clock.now = 1050.0
+        release.set()
+        await asyncio.wait_for(queue.wait_idle(), 5.0)
+        assert queue.last_progress == 1050.0
 
 
 def _leadership(store: MemoryLeaseStore) -> ShardLeadership:
@@ -263,7 +274,7 @@ async def test_healthz_answers_500_naming_the_failed_check_and_sets_the_metric()
         assert _sample("workqueue") == 0.0 and _sample("lease/shard-0") == 1.0
 
         release.set()
-        await controller.queue.wait_idle()
+        await asyncio.wait_for(controller.queue.wait_idle(), 5.0)
         assert (await client.get("/healthz")).status == 200
         assert _sample("workqueue") == 1.0
         controller.stop()
