@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DATA_DIR ?= .local/run
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint typecheck unit bench crds images deploy clean kube-binaries
+.PHONY: install run test lint typecheck unit bench crds monitoring images deploy clean kube-binaries
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-run: $(STAMP)
+# The first run builds the Kubernetes binaries (kube-binaries; ~7 min, see README).
+run: $(STAMP) kube-binaries
 	$(BIN)/python -m scalable_topics.cli.main demo --data-dir $(DATA_DIR)
 
 lint: $(STAMP)
@@ -40,6 +41,10 @@ bench: $(STAMP)
 
 crds: $(STAMP)
 	$(BIN)/python -m scalable_topics.cli.crdgen crds
+
+# The PrometheusRule (manifests/monitoring) from the plain rule file next to the dashboard.
+monitoring: $(STAMP)
+	$(BIN)/python -m scalable_topics.cli.monitoring docs/dashboards/scalable-topics.rules.yaml manifests/monitoring/prometheusrule.yaml
 
 images: $(STAMP)
 	@echo "No container engine on this machine: Dockerfiles are linted here, built by CI/release."

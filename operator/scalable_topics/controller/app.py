@@ -29,6 +29,7 @@ from ..core.resources import (
     ConditionType,
     SubscriptionType,
     get_condition,
+    parse_time,
     parse_topic_spec,
 )
 from . import metrics
@@ -113,6 +114,7 @@ class Controller:
             controller_url=self.leadership.leader_url, broker_port=s.broker_port
         )
         self.cache.on_broker_change = self._brokers_changed
+        metrics.OPERATIONS_IN_PROGRESS.source = self._operations_in_progress
         self.brokers = BrokerAdmin(token=s.broker_token)
         self.autoscaler: AutoScaler | None = None
         self.hub = ConsumerHub(
@@ -164,6 +166,25 @@ class Controller:
         metrics.observe_layout(namespace, name, layout)
         self.hub.layout_changed(namespace, name, layout)
         self.queue.add((namespace, name))
+
+    def _operations_in_progress(self) -> list[metrics.OperationInProgress]:
+        """The operations recorded in the status of topics this replica leads (an operation
+        without a readable ``startedAt``, written before it existed, is left out)."""
+        found = []
+        for (namespace, name), topic in list(self.cache.topics.items()):
+            op = (topic.get("status") or {}).get("operation") or {}
+            if not op or not self.leadership.leads(namespace, name):
+                continue
+            try:
+                started = parse_time(str(op.get("startedAt", "")))
+            except ValueError:
+                continue
+            found.append(
+                metrics.OperationInProgress(
+                    namespace, name, str(op.get("kind")), str(op.get("phase")), started
+                )
+            )
+        return found
 
     def _controller_ref(self, namespace: str, name: str) -> dict[str, Any]:
         return {

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from ..core.layout import SegmentLayout
 
@@ -98,6 +102,47 @@ LAYOUT_REBUILDS = Counter(
     "LayoutLost; counted on every attempt)",
     (*TOPIC_LABELS, "outcome"),
 )
+
+
+class OperationInProgress(NamedTuple):
+    namespace: str
+    topic: str
+    kind: str
+    phase: str
+    started: float
+    """Unix seconds of ``status.operation.startedAt``."""
+
+
+class _OperationsInProgress(Collector):
+    """``scalable_topic_operation_started_timestamp_seconds``: one series per split, merge or
+    rebucket recorded in a led topic's ``status.operation``, read at each scrape from
+    :attr:`source` (the leader's topic cache), so a stuck operation keeps its series and a
+    finished or rolled-back one loses it without anyone having to remember to remove it."""
+
+    NAME = "scalable_topic_operation_started_timestamp_seconds"
+    DOC = (
+        "Start (status.operation.startedAt, Unix seconds) of the operation in progress on a "
+        "topic this replica leads, by kind and the last phase completed"
+    )
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[OperationInProgress]] = tuple
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self.NAME, self.DOC, labels=[*TOPIC_LABELS, "kind", "phase"])
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = self._family()
+        for op in self.source():
+            family.add_metric([op.namespace, op.topic, op.kind, op.phase], op.started)
+        yield family
+
+
+OPERATIONS_IN_PROGRESS = _OperationsInProgress()
+REGISTRY.register(OPERATIONS_IN_PROGRESS)
 
 
 def observe_layout(namespace: str, topic: str, layout: SegmentLayout) -> None:
