@@ -160,6 +160,8 @@ class BrokerMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        for outcome in ("opened", "refused"):
+            self.fenced_handshakes.labels(outcome)
 
     def watch_segments(self, segments: Callable[[], Iterable[HostedSegment]]) -> None:
         self.registry.register(_SegmentCollector(segments))

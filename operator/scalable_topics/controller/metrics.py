@@ -145,15 +145,24 @@ OPERATIONS_IN_PROGRESS = _OperationsInProgress()
 REGISTRY.register(OPERATIONS_IN_PROGRESS)
 
 
+TOPIC_COUNTERS = (AUTO_SPLITS, AUTO_MERGES, AUTO_REBUCKETS, PRUNED_SEGMENTS, OBSERVED_DRAINS)
+"""Per-topic counters with no other label: they start at 0 when the leader first observes the
+topic, so a topic that never split still has a series (its dashboard panel shows 0, not "no
+data") and ``increase()`` counts the first event (a series born at 1 counts nothing)."""
+
+
 def observe_layout(namespace: str, topic: str, layout: SegmentLayout) -> None:
     """Set the per-topic gauges from the committed layout (the leader calls this)."""
     ACTIVE_SEGMENTS.labels(namespace, topic).set(len(layout.active()))
     LAYOUT_EPOCH.labels(namespace, topic).set(layout.epoch)
+    for counter in TOPIC_COUNTERS:
+        counter.labels(namespace, topic)
 
 
 def forget_topic(namespace: str, topic: str) -> None:
-    """Drop the per-topic gauges of a topic this replica no longer leads (deleted, or its
-    shard's lease lost), so no stale series stays behind for the new leader to contradict."""
-    for gauge in (ACTIVE_SEGMENTS, LAYOUT_EPOCH):
+    """Drop the per-topic series of a topic this replica no longer leads (deleted, or its
+    shard's lease lost), so no stale series stays behind for the new leader to contradict (the
+    new leader's counters start again at 0, which ``rate``/``increase`` take as a reset)."""
+    for metric in (ACTIVE_SEGMENTS, LAYOUT_EPOCH, *TOPIC_COUNTERS):
         with contextlib.suppress(KeyError):
-            gauge.remove(namespace, topic)
+            metric.remove(namespace, topic)

@@ -1,0 +1,67 @@
+"""Values of the operator's per-topic series: what the leader's observation of a layout sets,
+what forgetting a topic removes, and the operations in progress read from the leader's cache;
+and the broker's counters that exist before their first event."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY
+
+from scalable_topics.controller import metrics
+from scalable_topics.core.layout import SegmentLayout
+from segment_broker.metrics import BrokerMetrics
+
+NS, TOPIC = "metrics-ns", "metrics-topic"
+LABELS = {"namespace": NS, "topic": TOPIC}
+PER_TOPIC = (
+    "scalable_topic_active_segments",
+    "scalable_topic_layout_epoch",
+    "scalable_topic_auto_splits_total",
+    "scalable_topic_auto_merges_total",
+    "scalable_topic_auto_rebuckets_total",
+    "scalable_topic_pruned_segments_total",
+    "scalable_topic_observed_drains_total",
+)
+
+
+def _value(name: str, labels: dict[str, str] = LABELS) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def test_observing_a_layout_sets_the_gauges_and_starts_the_counters_at_zero() -> None:
+    layout = SegmentLayout.initial(3).split(0)
+    metrics.observe_layout(NS, TOPIC, layout)
+    try:
+        assert _value("scalable_topic_active_segments") == 4
+        assert _value("scalable_topic_layout_epoch") == 1
+        for name in PER_TOPIC[2:]:
+            assert _value(name) == 0.0, name
+        metrics.AUTO_SPLITS.labels(NS, TOPIC).inc()
+        metrics.observe_layout(NS, TOPIC, layout)
+        assert _value("scalable_topic_auto_splits_total") == 1.0, "observing again keeps counts"
+    finally:
+        metrics.forget_topic(NS, TOPIC)
+    for name in PER_TOPIC:
+        assert _value(name) is None, f"{name} left behind"
+
+
+def test_operations_in_progress_come_from_the_source_at_each_scrape() -> None:
+    name = "scalable_topic_operation_started_timestamp_seconds"
+    labels = {**LABELS, "kind": "split", "phase": "ChildrenCreated"}
+    previous = metrics.OPERATIONS_IN_PROGRESS.source
+    running = [metrics.OperationInProgress(NS, TOPIC, "split", "ChildrenCreated", 1700000000.0)]
+    metrics.OPERATIONS_IN_PROGRESS.source = lambda: list(running)
+    try:
+        assert _value(name, labels) == 1700000000.0
+        running.clear()
+        assert _value(name, labels) is None
+    finally:
+        metrics.OPERATIONS_IN_PROGRESS.source = previous
+
+
+def test_fenced_handshake_outcomes_exist_before_the_first_one() -> None:
+    registry = BrokerMetrics().registry
+    for outcome in ("opened", "refused"):
+        value = registry.get_sample_value(
+            "segment_broker_fenced_handshakes_total", {"outcome": outcome}
+        )
+        assert value == 0.0, outcome
