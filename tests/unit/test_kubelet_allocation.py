@@ -1,23 +1,15 @@
-"""Pod address allocation and the small pure helpers of the workload controllers."""
+"""Pod address allocation on loopback (the kubelet's IPAllocator)."""
 
 from __future__ import annotations
 
 import json
 import secrets
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from scalable_topics.localcluster import kubelet as kubelet_module
 from scalable_topics.localcluster.kubelet import IPAllocator
-from scalable_topics.localcluster.restclient import PODS, Informer, RestClient
-from scalable_topics.localcluster.workloads import (
-    ControllerManager,
-    Expectations,
-    merge_condition,
-    template_hash,
-)
 
 
 def test_addresses_are_unique_and_persisted(tmp_path: Path) -> None:
@@ -75,56 +67,3 @@ def test_exhausted_pool_reclaims_sticky_addresses_of_absent_pods(tmp_path: Path)
     assert alloc.allocate("ns/x", sticky=False, live_keys={"ns/db-0", "ns/db-1"}) is None
     assert alloc.allocate("ns/x", sticky=False, live_keys={"ns/db-1"}) == old
     assert alloc.get("ns/db-0") is None and alloc.get("ns/db-1") == live
-
-
-def test_template_hash_is_stable_and_sensitive() -> None:
-    t1 = {"metadata": {"labels": {"a": "1"}}, "spec": {"containers": [{"name": "c"}]}}
-    t2 = {"spec": {"containers": [{"name": "c"}]}, "metadata": {"labels": {"a": "1"}}}
-    t3 = {"metadata": {"labels": {"a": "2"}}, "spec": {"containers": [{"name": "c"}]}}
-    assert template_hash(t1) == template_hash(t2)
-    assert template_hash(t1) != template_hash(t3)
-    assert len(template_hash(t1)) == 10
-
-
-def test_expectations_cover_unobserved_creates_and_deletes() -> None:
-    e = Expectations()
-    e.expect_create("owner", "p-1")
-    assert e.pending_creates("owner", seen=set()) == {"p-1"}
-    assert e.pending_creates("owner", seen={"p-1"}) == set()
-    e.expect_delete("owner", "p-2")
-    assert e.pending_deletes("owner", still_live={"p-2"}) == {"p-2"}
-    assert e.pending_deletes("owner", still_live=set()) == set()
-
-
-def test_condition_transition_time_only_moves_on_change() -> None:
-    t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    t1 = datetime(2026, 1, 2, tzinfo=UTC)
-    first = merge_condition([], "Available", True, "R", "m", t0)
-    same = merge_condition([first], "Available", True, "R", "m", t1)
-    flipped = merge_condition([same], "Available", False, "R", "m", t1)
-    assert same["lastTransitionTime"] == "2026-01-01T00:00:00Z"
-    assert flipped["lastTransitionTime"] == "2026-01-02T00:00:00Z"
-
-
-def failed_pod(finished: str) -> dict[str, object]:
-    return {
-        "status": {
-            "phase": "Failed",
-            "containerStatuses": [
-                {"state": {"terminated": {"exitCode": 1, "finishedAt": finished}}}
-            ],
-        }
-    }
-
-
-def test_job_pod_failure_backoff_doubles_from_the_last_failure() -> None:
-    client = RestClient("http://127.0.0.1:1", "token")
-    cm = ControllerManager(client, Informer(client, PODS), job_backoff_base=10, job_backoff_cap=360)
-    pods = [failed_pod("2026-01-01T00:00:00Z"), failed_pod("2026-01-01T00:01:00Z")]
-    at = datetime(2026, 1, 1, 0, 1, 5, tzinfo=UTC)
-    assert cm.job_backoff_left(pods, failed=2, now=at) == 15.0  # 20 s after 00:01:00
-    assert cm.job_backoff_left(pods, failed=1, now=at) == 5.0
-    assert cm.job_backoff_left(pods, failed=9, now=at) == 355.0  # capped at 6 min
-    assert cm.job_backoff_left(pods, failed=0, now=at) == 0.0
-    later = datetime(2026, 1, 1, 1, 0, 0, tzinfo=UTC)
-    assert cm.job_backoff_left(pods, failed=2, now=later) == 0.0
