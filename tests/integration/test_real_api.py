@@ -35,6 +35,7 @@ from scalable_topics.localcluster.restclient import (
 from ..unit.test_crds import (
     ADMISSION_CASES,
     ROOT_CASES,
+    STRUCTURAL_BREAKAGES,
     TRANSITION_CASES,
     segment,
     status_examples,
@@ -261,6 +262,46 @@ async def test_what_components_write_into_status_survives_the_schema(
         content_type="application/merge-patch+json",
     )
     assert written["status"] == status
+
+
+STRICTER_THAN_THE_API_SERVER = {
+    # kube-apiserver 1.37 accepts a type beside x-kubernetes-int-or-string; the checker keeps
+    # refusing it (the int-or-string form is anyOf [integer, string] without a type).
+    ".a: x-kubernetes-int-or-string must not set a type",
+}
+
+
+@pytest.mark.parametrize(("schema", "problem"), STRUCTURAL_BREAKAGES)
+async def test_what_the_structural_checker_finds_the_api_server_refuses(
+    admin: RestClient, schema: JsonObj, problem: str
+) -> None:
+    """``crds.structural_problems`` (which ``make crds`` runs) flags only what the real API
+    server would refuse in a CRD."""
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "breakages.check.scalabletopics.io"},
+        "spec": {
+            "group": "check.scalabletopics.io",
+            "scope": "Namespaced",
+            "names": {"kind": "Breakage", "plural": "breakages", "singular": "breakage"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+    try:
+        await admin.request("POST", CRDS.path(), params=DRY_RUN, body=crd)
+    except ApiError as refused:
+        assert refused.status in (400, 422), refused
+        assert problem not in STRICTER_THAN_THE_API_SERVER
+    else:
+        assert problem in STRICTER_THAN_THE_API_SERVER, "the API server took it"
 
 
 async def test_rest_client_status_codes(admin: RestClient) -> None:

@@ -350,8 +350,8 @@ async def test_statefulset_pods_keep_their_names_and_addresses(
     admin: RestClient,  # noqa: F811
 ) -> None:
     """The real StatefulSet controller makes web-0 and web-1; our kubelet runs them on loopback
-    addresses of their own, restarts a killed container in place, and gives a re-created Pod
-    its name's address again (sticky)."""
+    addresses of their own, restarts a killed container in place, and keeps a Pod's address
+    for its name while it is gone (sticky)."""
     port = free_port()
     labels = {"app": "web"}
     statefulset = {
@@ -412,11 +412,28 @@ async def test_statefulset_pods_keep_their_names_and_addresses(
         assert web0["status"]["podIP"] == ips[0]
         assert await http_get(f"http://{ips[0]}:{port}/starts") == "2"
 
-        # Deleted: the controller re-creates web-1, which gets web-1's address again.
+        # Scaled down, web-1's address stays reserved: a Pod started meanwhile gets another,
+        # and web-1, scaled up again, gets its own back.
         uid = pods[1]["metadata"]["uid"]
-        await admin.delete(PODS, NS, "web-1")
-        web1 = await eventually(lambda: ready("web-1", unlike=uid), within=90, what="web-1 back")
-        assert web1["status"]["podIP"] == ips[1]
+        await admin.patch(STATEFULSETS, NS, "web", {"spec": {"replicas": 1}})
+
+        async def web1_gone() -> bool:
+            return await admin.get_or_none(PODS, NS, "web-1") is None
+
+        await eventually(web1_gone, within=60, what="web-1 scaled away")
+        squatter = pod("squatter", {"containers": [python("import time; time.sleep(3600)")]})
+        squatter["spec"]["terminationGracePeriodSeconds"] = 1
+        await admin.create(PODS, NS, squatter)
+        try:
+            running = await in_phase(admin, "squatter", "Running")
+            assert running["status"]["podIP"] not in ips
+            await admin.patch(STATEFULSETS, NS, "web", {"spec": {"replicas": 2}})
+            web1 = await eventually(
+                partial(ready, "web-1", unlike=uid), within=90, what="web-1 back"
+            )
+            assert web1["status"]["podIP"] == ips[1]
+        finally:
+            await admin.delete(PODS, NS, "squatter", grace_period_seconds=0)
     finally:
         await admin.delete(STATEFULSETS, NS, "web", propagation_policy="Foreground")
 
