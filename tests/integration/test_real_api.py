@@ -264,6 +264,41 @@ async def test_what_components_write_into_status_survives_the_schema(
     assert written["status"] == status
 
 
+async def test_kubectl_get_wide_and_describe_of_a_topic(
+    plane: ControlPlane,  # noqa: F811
+    admin: RestClient,
+) -> None:
+    """Every printer column, the wide ones too, read from what the operator writes; and
+    ``kubectl describe`` prints "Sealed At Epoch" for sealed segments only."""
+    name = "described"
+    await create(admin, TOPICS, named(topic({"initialSegments": 2}), name), dry_run=False)
+    status = {
+        **status_examples()["sealed-layout"],
+        "activeSegments": 3,
+        "controller": {"pod": "operator-0"},
+        "conditions": [r.condition("Ready", True, r.Reason.RECONCILED, now=0.0)],
+    }
+    await admin.patch_status(TOPICS, NS, name, status)
+
+    wide = (await kubectl(plane, "get", "stopic", name, "-o", "wide")).stdout.splitlines()
+    (topic_crd,) = [c for c in crds.crd_manifests() if c["spec"]["names"]["kind"] == r.TOPIC_KIND]
+    columns = topic_crd["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert wide[0].split() == ["NAME", *(c["name"].upper() for c in columns)]
+    row = dict(zip(wide[0].split(), wide[1].split(), strict=True))
+    assert (row["NAME"], row["ACTIVE"], row["READY"]) == (name, "3", "True")
+    assert (row["EPOCH"], row["CONTROLLER"], row["INITIAL"]) == (
+        str(status["epoch"]),
+        "operator-0",
+        "2",
+    )
+    assert row["REASON"] == r.Reason.RECONCILED
+
+    described = (await kubectl(plane, "describe", "stopic", name)).stdout
+    sealed = [s for s in status["layout"]["segments"].values() if "sealedAtEpoch" in s]
+    assert sealed and described.count("Sealed At Epoch:") == len(sealed), described
+    assert "Sealed At Epoch:  0" not in described
+
+
 STRICTER_THAN_THE_API_SERVER = {
     # kube-apiserver 1.37 accepts a type beside x-kubernetes-int-or-string; the checker keeps
     # refusing it (the int-or-string form is anyOf [integer, string] without a type).
