@@ -38,10 +38,22 @@ def test_observing_a_layout_sets_the_gauges_and_starts_the_counters_at_zero() ->
         metrics.AUTO_SPLITS.labels(NS, TOPIC).inc()
         metrics.observe_layout(NS, TOPIC, layout)
         assert _value("scalable_topic_auto_splits_total") == 1.0, "observing again keeps counts"
+        metrics.OPERATIONS.labels(NS, TOPIC, "split", "auto", "committed").inc()
+        metrics.OPERATIONS.labels(NS, "other", "split", "auto", "committed").inc()
+        metrics.AUTOSCALE_SUPPRESSED.labels(NS, TOPIC, "disabled").inc()
     finally:
         metrics.forget_topic(NS, TOPIC)
     for name in PER_TOPIC:
         assert _value(name) is None, f"{name} left behind"
+    ops = {"kind": "split", "source": "auto", "outcome": "committed"}
+    assert _value("scalable_topic_operations_total", {**LABELS, **ops}) is None
+    assert (
+        _value("scalable_topic_autoscale_suppressed_total", {**LABELS, "reason": "disabled"})
+        is None
+    )
+    other = {"namespace": NS, "topic": "other", **ops}
+    assert _value("scalable_topic_operations_total", other) == 1.0, "another topic's series stays"
+    metrics.forget_topic(NS, "other")
 
 
 def test_operations_in_progress_come_from_the_source_at_each_scrape() -> None:

@@ -166,3 +166,19 @@ def forget_topic(namespace: str, topic: str) -> None:
     for metric in (ACTIVE_SEGMENTS, LAYOUT_EPOCH, *TOPIC_COUNTERS):
         with contextlib.suppress(KeyError):
             metric.remove(namespace, topic)
+    for family in (OPERATIONS, AUTOSCALE_SUPPRESSED, RECOMMENDATIONS, LAYOUT_REBUILDS):
+        _remove_matching(family, namespace, topic)
+
+
+def _remove_matching(metric: Counter, namespace: str, topic: str) -> None:
+    """Remove every child of ``metric`` (labelled namespace, topic, …) of this topic. Its
+    samples carry the label values in the metric's label order, which ``remove`` takes."""
+    children = {
+        tuple(sample.labels.values())
+        for family in metric.collect()
+        for sample in family.samples
+        if sample.labels.get("namespace") == namespace and sample.labels.get("topic") == topic
+    }
+    for values in children:
+        with contextlib.suppress(KeyError):
+            metric.remove(*values)
