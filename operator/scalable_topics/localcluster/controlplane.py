@@ -18,8 +18,8 @@ Layout of the data directory (kept across restarts; etcd's data carries the obje
     node-<name>.kubeconfig  a kubelet's (system:node:<name>), made by node_kubeconfig()
     flexvolume/           the controller-manager's FlexVolume directory (it creates one)
 
-This is the step before the replacement of the imitation API server (``cluster.py``): only
-our kubelet (``nodekubelet.py``) uses it yet. See docs/localcluster.md, "The real control plane".
+``cluster.LocalCluster`` (``make run``, ``stopic local up``) runs it with our kubelet
+(``nodekubelet.py``) as its node. See docs/localcluster.md.
 """
 
 from __future__ import annotations
@@ -383,8 +383,10 @@ class Ports:
     scheduler: int
 
     @classmethod
-    def pick(cls) -> Ports:
-        return cls(*_free_ports(5))
+    def pick(cls, api_port: int = 0) -> Ports:
+        """Free ports, the API server's ``api_port`` when it is not 0."""
+        etcd_client, etcd_peer, apiserver, controller_manager, scheduler = _free_ports(5)
+        return cls(etcd_client, etcd_peer, api_port or apiserver, controller_manager, scheduler)
 
 
 @dataclass
@@ -408,7 +410,8 @@ class ControlPlane:
     ``default`` ServiceAccount of the ``default`` namespace (Pods need it; on a fresh data
     directory this takes ~5 s more). It takes the directory's lock first (``DataDirLock``).
     ``binary`` defaults to :func:`kube_binary` (which builds it when missing). ``stop_grace`` is
-    the time each process gets between SIGTERM and SIGKILL.
+    the time each process gets between SIGTERM and SIGKILL. ``api_port`` fixes the API server's
+    port (0: a free one at each start).
     """
 
     def __init__(
@@ -419,8 +422,10 @@ class ControlPlane:
         ready_timeout: float = 120.0,
         stop_grace: float = 10.0,
         await_default_service_account: bool = True,
+        api_port: int = 0,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
+        self.api_port = api_port
         self.binary = None if binary is None else Path(binary)
         self.ready_timeout = ready_timeout
         self.stop_grace = stop_grace
@@ -515,7 +520,7 @@ class ControlPlane:
             await asyncio.to_thread(ensure_pki, self.pki_dir)
             self.timings["pki"] = time.monotonic() - began
             for attempt in range(1, _PORT_ATTEMPTS + 1):
-                self.ports = Ports.pick()
+                self.ports = Ports.pick(self.api_port)
                 try:
                     await self._start_components(binary, began)
                     break
@@ -640,6 +645,10 @@ class ControlPlane:
             controller_manager_args = [
                 *self._component_args(CONTROLLER_MANAGER, ports.controller_manager),
                 "--use-service-account-credentials=true",
+                # Local Pods have loopback addresses, which Endpoints and EndpointSlices
+                # refuse: these controllers would only fail (and post Warnings) forever.
+                "--controllers=*,-endpoints-controller,-endpointslice-controller,"
+                "-endpointslice-mirroring-controller",
                 f"--root-ca-file={ca}",
                 # The default is under /usr/libexec, which it would create.
                 f"--flex-volume-plugin-dir={self.data_dir / 'flexvolume'}",

@@ -24,12 +24,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
+import yaml
 
-from .controlplane import SERVICE_CIDR
+from .controlplane import SERVICE_CIDR, component_env
 from .podspec import (
     JsonObj,
+    Mount,
     PodLayout,
     PodSpecError,
     container_command,
@@ -59,12 +62,14 @@ from .restclient import (
     RestClient,
     post_event,
 )
-from .workloads import ControllerManager
 
 log = logging.getLogger(__name__)
 
 NODE_NAME = "local"
 HOST_IP = "127.0.0.1"
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+"""Where the API server's ``kube-api-access`` volume is mounted in every container."""
+IN_CLUSTER_KUBECONFIG = "in-cluster.kubeconfig"
 NODES = Resource("", "v1", "nodes", namespaced=False)
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts")
 
@@ -585,7 +590,12 @@ class PodWorker:
             }
             if self.agent.kubeconfig is not None:
                 extra["KUBECONFIG"] = str(self.agent.kubeconfig)
-            cmd = container_command(container, env, mounts, extra, os.environ)
+            elif self.agent.api_url is not None:
+                extra.update(self._in_cluster_env(mounts))
+            # Under the real control plane the kubelet's own environment is scrubbed of
+            # KUBECONFIG, KUBERNETES_SERVICE_* and proxies, as the components' is.
+            base_env = os.environ if self.agent.api_url is None else component_env()
+            cmd = container_command(container, env, mounts, extra, base_env)
         except PodSpecError as exc:
             raise ContainerConfigError(str(exc), exc.reason) from exc
         except ApiError as exc:
@@ -606,6 +616,63 @@ class PodWorker:
             cwd=cwd,
             log_path=self.layout.log_path(self.namespace, self.name, container["name"]),
         )
+
+    def _in_cluster_env(self, mounts: list[Mount]) -> dict[str, str]:
+        """What a Pod's in-cluster clients need to reach the API server from a local process.
+
+        ``KUBERNETES_SERVICE_HOST``/``_PORT`` name the API server itself (127.0.0.1 and its
+        port: no Service proxy runs here). The ServiceAccount files are not at
+        :data:`SERVICE_ACCOUNT_MOUNT` but in the Pod's volume directory, where in-cluster
+        loaders do not look; so a container that mounts them also gets ``KUBECONFIG``, a
+        kubeconfig pointing at that token (``tokenFile``) and CA. Clients that try in-cluster
+        configuration first fall back to it; the identity is the Pod's ServiceAccount.
+        """
+        assert self.agent.api_url is not None
+        url = urlsplit(self.agent.api_url)
+        port = str(url.port or 443)
+        env = {
+            "KUBERNETES_SERVICE_HOST": url.hostname or HOST_IP,
+            "KUBERNETES_SERVICE_PORT": port,
+            "KUBERNETES_SERVICE_PORT_HTTPS": port,
+        }
+        account = next(
+            (m.local_dir for m in mounts if m.mount_path.rstrip("/") == SERVICE_ACCOUNT_MOUNT),
+            None,
+        )
+        if account is None:
+            return env
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "in-cluster",
+                    "cluster": {
+                        "server": self.agent.api_url,
+                        "certificate-authority": str(account / "ca.crt"),
+                    },
+                }
+            ],
+            "users": [{"name": "serviceaccount", "user": {"tokenFile": str(account / "token")}}],
+            "contexts": [
+                {
+                    "name": "in-cluster",
+                    "context": {
+                        "cluster": "in-cluster",
+                        "user": "serviceaccount",
+                        "namespace": self.namespace,
+                    },
+                }
+            ],
+            "current-context": "in-cluster",
+        }
+        path = self.agent.layout.pod_dir(self.namespace, self.name) / IN_CLUSTER_KUBECONFIG
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+        tmp.replace(path)
+        env["KUBECONFIG"] = str(path)
+        return env
 
     # -- probes ----------------------------------------------------------------------------
 
@@ -940,7 +1007,9 @@ class NodeAgent:
     ``bind_unscheduled``: the imitation API server has no scheduler, so the agent binds every
     Pod without a node to itself; under the real scheduler it only runs Pods bound to it.
     ``kubeconfig`` (when given) is handed to the containers as ``KUBECONFIG``; under the real
-    control plane Pods get ServiceAccount tokens instead, never the node's own credentials.
+    control plane Pods get ServiceAccount tokens instead, never the node's own credentials,
+    and ``api_url`` (the API server's address) as their in-cluster API server
+    (``PodWorker._in_cluster_env``).
     """
 
     def __init__(
@@ -955,8 +1024,10 @@ class NodeAgent:
         node_name: str = NODE_NAME,
         bind_unscheduled: bool = True,
         token_refresh_fraction: float = 0.8,
+        api_url: str | None = None,
     ) -> None:
         self.client = client
+        self.api_url = api_url
         self.node_name = node_name
         self.bind_unscheduled = bind_unscheduled
         self.token_refresh_fraction = token_refresh_fraction
@@ -1210,6 +1281,10 @@ class Kubelet:
             backoff=BackOff(base=backoff_base, cap=backoff_cap),
             stop_grace=stop_grace,
         )
+        # Imported here: the real control plane's kubelet (nodekubelet.py) uses this module
+        # without the imitation's workload controllers.
+        from .workloads import ControllerManager
+
         self.controllers = ControllerManager(
             self.client,
             self.pods,

@@ -136,6 +136,7 @@ class NodeKubelet:
             node_name=node_name,
             bind_unscheduled=False,
             token_refresh_fraction=token_refresh_fraction,
+            api_url=self.client.api_url,
         )
         self.ready_since = _time()
         self.lease_renewals = 0
