@@ -105,7 +105,7 @@ SERVING = "local control plane serving on"
 DAG_SHOWN = f"default/{TOPIC}:"
 
 RUN: dict[tuple[str, str], How | tuple[How, ...]] = {
-    ("README.md", 'export PATH="$PWD/.venv/bin:$PATH"'): Exits(),
+    ("README.md", 'export PATH="$PWD/.local/run/bin:$PWD/.venv/bin:$PATH"'): Exits(),
     ("README.md", 'export KUBECONFIG="$PWD/.local/run/kubeconfig"'): Exits(),
     ("README.md", "kubectl get stopic,seg; kubectl stopic dag orders --watch"): Interrupt(
         DAG_SHOWN

@@ -1,10 +1,14 @@
-"""``stopic demo`` (``make run``): the whole system on the embedded control plane, under load.
+"""``stopic demo`` (``make run``): the whole system on the local cluster, under load.
 
-1. start the embedded control plane (API server + local kubelet) in ``--data-dir``, through
-   the same data-directory lock as ``stopic local up``: a second demo or control plane on the
-   directory is refused at once (exit status ``EXIT_IN_USE``) and the first is left untouched;
-2. ``kubectl apply`` the CRDs and ``manifests/overlays/local`` (operator replicas, 3 brokers,
-   recommender CronJob) and wait for them; print the operator's URL;
+1. start the local cluster (the real control plane and our kubelet, ``LocalCluster``) in
+   ``--data-dir``, through the same data-directory lock as ``stopic local up``: a second demo or
+   control plane on the directory is refused at once (exit status ``EXIT_IN_USE``) and the first
+   is left untouched;
+2. ``kubectl apply`` (the pinned kubectl, ``DIR/bin/kubectl``) the CRDs and
+   ``manifests/overlays/local`` (operator replicas, 3 brokers, recommender CronJob: Pods under
+   their own ServiceAccounts, authorized by the Roles of ``manifests/``) and wait for them;
+   print the operator's URL, the address of a Ready operator Pod (found by label: local Pods get
+   no Service endpoints);
 3. bring ``orders`` (``manifests/examples/orders.yaml``) to its initial shape and wait for
    ``Ready``; print the commands to watch it from another terminal;
 4. drive it: a producer ramps up until the topic splits on load, stream consumers join until a
@@ -99,6 +103,8 @@ class Demo:
         self.root = repo_root()
         self.stop = asyncio.Event()
         self.kubeconfig = kubeconfig or data_dir / "kubeconfig"
+        self.kubectl_path: Path | None = None
+        """The pinned kubectl (``LocalCluster.kubectl``), once the cluster runs."""
         self.sent = 0
         self.acked = 0
         self.consumed = 0
@@ -108,7 +114,7 @@ class Demo:
         print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
     async def kubectl(self, *args: str, check: bool = True) -> str:
-        kubectl = shutil.which("kubectl")
+        kubectl = str(self.kubectl_path) if self.kubectl_path else shutil.which("kubectl")
         if kubectl is None:
             raise SystemExit("stopic demo: kubectl is not on PATH")
         proc = await asyncio.create_subprocess_exec(
@@ -250,6 +256,15 @@ class Demo:
         the operator's URL."""
         await self.kubectl("apply", "-f", str(self.root / "crds"))
         await self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=30s")
+
+        async def served() -> bool:
+            # Established comes before the API server's storage for the new resources is up
+            # (a list then gets 429 "storage is (re)initializing"); the operator's first lists
+            # must not meet that.
+            out = await self.kubectl("get", "stopic,seg", "-A", "-o", "name", check=False)
+            return "storage is (re)initializing" not in out and "error" not in out.lower()
+
+        await self.wait_for("the API server to serve the CRDs", served, SETUP_TIMEOUT)
         await self.kubectl("apply", "-k", str(self.root / "manifests/overlays/local"))
 
         async def ready() -> bool:
@@ -373,11 +388,12 @@ class Demo:
     async def run(self) -> int:
         from ..localcluster.cluster import LocalCluster
 
-        self.say(f"starting the embedded control plane in {self.data_dir}")
+        self.say(f"starting the local cluster (real control plane, node local) in {self.data_dir}")
         async with LocalCluster(
             self.data_dir, kubelet=True, stop_grace=DEFAULT_STOP_GRACE
         ) as cluster:
             self.kubeconfig = Path(cluster.kubeconfig)
+            self.kubectl_path = cluster.kubectl
             self.say(f"API server {cluster.url}, kubeconfig {self.kubeconfig}")
             api = await api_client(str(self.kubeconfig))
             show = asyncio.create_task(self._show(api))
@@ -394,14 +410,14 @@ class Demo:
                 stopped.cancel()
                 show.cancel()
                 await asyncio.gather(show, stopped, return_exceptions=True)
-                self.say("stopping clients and the embedded control plane")
+                self.say("stopping clients and the local cluster")
                 await api.close()
 
     def next_steps(self, service_url: str) -> None:
         self.say(f"operator: {service_url} (the URL the client SDK takes, docs/client.md)")
         self.say(f"topic {TOPIC} is Ready. In another terminal:")
         commands = [
-            *shell_setup(self.kubeconfig),
+            *shell_setup(self.kubeconfig, self.kubectl_path),
             f"kubectl get stopic,seg -n {NAMESPACE}",
             f"kubectl describe stopic {TOPIC}",
             f"kubectl stopic dag {TOPIC} --watch",
@@ -548,8 +564,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     demo = sub.add_parser(
         "demo",
-        help="run the live demo on the embedded control plane (what `make run` runs)",
-        description="Start the embedded control plane, the operator and 3 brokers, then split "
+        help="run the live demo on the local cluster (what `make run` runs)",
+        description="Start the local cluster (the real control plane and one node), the operator "
+        "and 3 brokers, then split "
         "the example topic `orders` on load and on consumers and merge it when cold. Ctrl-C "
         f"ends it. Exits with status {EXIT_IN_USE} at once if a control plane already runs on "
         "--data-dir.",

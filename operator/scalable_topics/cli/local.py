@@ -1,4 +1,5 @@
-"""``stopic local up|down|reset``: the embedded control plane on a data directory.
+"""``stopic local up|down|reset``: the local cluster (the real control plane and our kubelet)
+on a data directory (``localcluster.cluster.LocalCluster``, docs/localcluster.md).
 
 One control plane per directory: ``up`` (and ``stopic demo``) take the directory's lock before
 writing anything there (``localcluster.datadir``), so a second one exits at once with status
@@ -63,27 +64,37 @@ def refuse_start(data_dir: Path) -> int | None:
     return None
 
 
-def shell_setup(kubeconfig: Path) -> list[str]:
+def shell_setup(kubeconfig: Path, kubectl: Path | None = None) -> list[str]:
     """The lines that make ``kubectl``, ``stopic`` and ``kubectl stopic`` work, against this
-    cluster, in a new terminal (where the virtualenv's ``bin`` is not on ``PATH``)."""
+    cluster, in a new terminal (where the virtualenv's ``bin`` is not on ``PATH``).
+
+    ``kubectl`` (``DIR/bin/kubectl``, the pinned release's) goes first on ``PATH``, so the
+    ``kubectl`` typed there is the one that matches the server, not the machine's."""
     lines = [f"export KUBECONFIG={shlex.quote(str(kubeconfig))}"]
+    dirs: list[Path] = []
+    if kubectl is not None and kubectl.exists():
+        dirs.append(kubectl.parent.absolute())
     bindir = Path(sys.executable).parent
     if not (bindir / "kubectl-stopic").exists():
         found = shutil.which("kubectl-stopic")
         bindir = Path(found).parent if found else bindir
     if (bindir / "kubectl-stopic").exists():
-        lines.append(f'export PATH={shlex.quote(str(bindir.absolute()))}:"$PATH"')
+        dirs.append(bindir.absolute())
+    if dirs:
+        path = ":".join(shlex.quote(str(d)) for d in dirs)
+        lines.append(f'export PATH={path}:"$PATH"')
     return lines
 
 
 def cmd_local_up(args: argparse.Namespace) -> int:
-    """Run the embedded cluster in the foreground until Ctrl-C or SIGTERM."""
+    """Run the local cluster in the foreground until Ctrl-C or SIGTERM."""
     data_dir = Path(args.data_dir).absolute()
     refused = refuse_start(data_dir)
     if refused is not None:
         return refused
 
-    from ..localcluster.cluster import KubeletUnavailable, LocalCluster
+    from ..localcluster.cluster import LocalCluster
+    from ..localcluster.controlplane import ControlPlaneError
 
     async def run() -> int:
         cluster = LocalCluster(
@@ -110,7 +121,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
             if isinstance(failure, DataDirInUse):
                 err(str(failure))
                 return EXIT_IN_USE
-            if isinstance(failure, KubeletUnavailable | OSError):
+            if isinstance(failure, ControlPlaneError | OSError):
                 err(str(failure))
                 return 1
             raise failure
@@ -119,11 +130,13 @@ def cmd_local_up(args: argparse.Namespace) -> int:
             f"(pid {os.getpid()}, data dir {cluster.data_dir})",
             flush=True,
         )
-        print(f"kubeconfig: {cluster.kubeconfig}", flush=True)
+        print(f"kubeconfig: {cluster.kubeconfig} (admin)", flush=True)
+        print(f"kubectl: {cluster.kubectl} (the server's release)", flush=True)
         print("In another terminal:", flush=True)
-        for line in shell_setup(cluster.kubeconfig):
+        for line in shell_setup(cluster.kubeconfig, cluster.kubectl):
             print(f"    {line}", flush=True)
-        print("    kubectl get namespaces", flush=True)
+        print("    kubectl version", flush=True)
+        print("    kubectl get nodes,namespaces", flush=True)
         print(
             f"Stop: Ctrl-C here, or `stopic local down --data-dir {shlex.quote(str(data_dir))}`.",
             flush=True,
@@ -194,8 +207,8 @@ def _data_dir(parser: argparse.ArgumentParser, **kwargs: Any) -> None:
     parser.add_argument(
         "--data-dir",
         metavar="DIR",
-        help="the control plane's directory: its store (objects survive restarts), token, "
-        "kubeconfig, lock, and the kubelet's pod logs and volumes",
+        help="the cluster's directory: etcd's data (objects survive restarts), certificates, "
+        "kubeconfigs, logs, lock, and the kubelet's pod logs and volumes",
         **kwargs,
     )
 
@@ -204,16 +217,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """Register ``stopic local`` and its subcommands."""
     local = sub.add_parser(
         "local",
-        help="the embedded local control plane (development only)",
-        description="The embedded control plane. One per data directory: a second `up` on a "
-        f"directory in use exits with status {EXIT_IN_USE}.",
+        help="the local cluster: the real control plane and one node (development only)",
+        description="The local cluster: etcd, kube-apiserver, kube-controller-manager and "
+        "kube-scheduler of the pinned Kubernetes release, and our kubelet running Pods as local "
+        "processes, all on 127.0.0.1. One per data directory: a second `up` on a directory in "
+        f"use exits with status {EXIT_IN_USE}.",
     )
     local_sub = local.add_subparsers(dest="local_command", required=True)
 
     up = local_sub.add_parser(
         "up",
         help="run the local control plane in the foreground",
-        description="Run the embedded control plane in the foreground until Ctrl-C or SIGTERM. "
+        description="Run the local cluster in the foreground until Ctrl-C or SIGTERM (the first "
+        "run builds the Kubernetes binary: see the README). Writes DIR/kubeconfig (admin) and "
+        "DIR/bin/kubectl (the pinned kubectl). "
         f"Exits with status {EXIT_IN_USE} at once if another one holds --data-dir.",
     )
     _data_dir(up, required=True)
@@ -254,9 +271,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     reset_parser = local_sub.add_parser(
         "reset",
         help="delete a stopped control plane's state in --data-dir (start from scratch)",
-        description="Remove every object, the token, the kubeconfig and the pods' logs and "
-        "volumes from --data-dir. Only files the control plane created are removed, and only "
-        "in a directory it has marked as its own; refused (status "
+        description="Remove every object (etcd's data), the certificates, the kubeconfigs, the "
+        "components' logs and the pods' logs and volumes from --data-dir. Only files the "
+        "control plane created are removed, and only in a directory it has marked as its own; "
+        "refused (status "
         f"{EXIT_IN_USE}) while a control plane runs there.",
     )
     _data_dir(reset_parser, required=True)

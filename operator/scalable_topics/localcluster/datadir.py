@@ -53,9 +53,28 @@ STATE_ENTRIES = (
     "kubelet",
     "pods",
     "volumes",
+    # The real control plane (controlplane.py, cluster.py): certificates and keys, etcd's data,
+    # the components' logs and kubeconfigs, the kubectl link.
+    "pki",
+    "etcd",
+    "logs",
+    "flexvolume",
+    "bin",
+    "admin.kubeconfig",
+    "kube-controller-manager.kubeconfig",
+    "kube-scheduler.kubeconfig",
 )
 """Everything a control plane and its kubelet create in the data directory (besides the marker
 and the lock file, removed last). ``localcluster.pid`` is what versions before the lock wrote."""
+
+STATE_PATTERNS = (
+    "node-*.kubeconfig",
+    ".pki.*.tmp",
+    ".*kubeconfig*.tmp",
+    ".localcluster.json.*.tmp",
+)
+"""Names made per node (a kubelet's kubeconfig) and temporary files left by an interrupted
+write (a half-made PKI, a kubeconfig), also removed by :func:`reset`."""
 
 _LEGACY_EVIDENCE = ("cluster.sqlite3", "token", "kubeconfig")
 
@@ -230,9 +249,9 @@ def reset(data_dir: Path | str) -> ResetResult:
 
     Raises :class:`DataDirInUse` while a control plane holds the directory (holding the lock
     itself meanwhile, so none can start half-way through), and :class:`NotADataDir` for a
-    directory that was never one (nothing is removed then). Only :data:`STATE_ENTRIES`, the
-    holder record, the marker and the lock file are removed; the directory itself only if that
-    leaves it empty.
+    directory that was never one (nothing is removed then). Only :data:`STATE_ENTRIES`, what
+    matches :data:`STATE_PATTERNS`, the holder record, the marker and the lock file are
+    removed; the directory itself only if that leaves it empty.
     """
     path = Path(data_dir)
     if not path.exists():
@@ -257,6 +276,13 @@ def reset(data_dir: Path | str) -> ResetResult:
             else:
                 continue
             removed.append(name)
+        for pattern in STATE_PATTERNS:
+            for entry in sorted(path.glob(pattern)):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+                removed.append(entry.name)
         (path / MARKER_FILE).unlink(missing_ok=True)
         removed.append(MARKER_FILE)
         # Last, while still holding it: a start racing with the reset either was refused
