@@ -1,6 +1,7 @@
 """Operator scale: N topics reconciled by one operator replica, and its API writes at rest.
 
-The embedded control plane runs with its kubelet; ``kubectl apply -k manifests/overlays/local``
+The local cluster (the real control plane and our kubelet, ``LocalCluster``) runs;
+``kubectl apply -k manifests/overlays/local``
 starts three broker pods and the operator Deployment, scaled to one replica. N ScalableTopics
 with two segments each are created through the API at once; the figure is the time from the
 first create until every topic is ``Ready`` (each one: finalizer, initial layout, two Segment
@@ -8,7 +9,8 @@ resources placed on brokers, two segments created on their brokers, status writt
 
 Then the topics are left alone for a window that covers at least two full resync passes of the
 operator (every topic re-reconciled) and the writes the API server receives are counted. The
-API server's global ``resourceVersion`` is bumped by every write, so its delta is the number of
+``resourceVersion`` is etcd's revision, bumped by every write of every client (the
+controller-manager and the kubelet's node heartbeats included), so its delta is the number of
 writes; a watch per resource attributes them (topics, Segments, Leases, Events, Pods).
 
     python -m bench.run --only operator [--quick]
@@ -44,10 +46,10 @@ RESYNC_SECONDS = 30.0
 """``--resync-interval`` of the local overlay's operator."""
 
 
-async def _kubectl(kubeconfig: Path, *args: str) -> str:
+async def _kubectl(kubectl: Path, kubeconfig: Path, *args: str) -> str:
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(kubeconfig.parent)}
     proc = await asyncio.create_subprocess_exec(
-        "kubectl",
+        str(kubectl),
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -79,7 +81,7 @@ def _ready(topic: dict[str, Any]) -> bool:
 
 async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
     from scalable_topics.localcluster.cluster import LocalCluster
-    from scalable_topics.localcluster.restclient import PODS, Resource, RestClient
+    from scalable_topics.localcluster.restclient import PODS, Resource, client_from_kubeconfig
 
     topics_res = Resource("scalabletopics.io", "v1alpha1", "scalabletopics")
     segments_res = Resource("scalabletopics.io", "v1alpha1", "segments")
@@ -88,11 +90,21 @@ async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
 
     result: dict[str, Any] = {"topics": topics}
     async with LocalCluster(work / "cluster", kubelet=True) as cluster:
-        api = RestClient(cluster.url, cluster.token)
+        api = client_from_kubeconfig(cluster.kubeconfig)
         try:
-            await _kubectl(cluster.kubeconfig, "apply", "-f", str(REPO / "crds"))
+            kubectl = cluster.kubectl
+            await _kubectl(kubectl, cluster.kubeconfig, "apply", "-f", str(REPO / "crds"))
+            await _kubectl(
+                kubectl,
+                cluster.kubeconfig,
+                "wait",
+                "--for=condition=Established",
+                "crd",
+                "--all",
+                "--timeout=60s",
+            )
             overlay = REPO / "manifests" / "overlays" / "local"
-            await _kubectl(cluster.kubeconfig, "apply", "-k", str(overlay))
+            await _kubectl(kubectl, cluster.kubeconfig, "apply", "-k", str(overlay))
             await api.patch(
                 deployments, NAMESPACE, "scalable-topics-operator", {"spec": {"replicas": 1}}
             )
@@ -117,7 +129,7 @@ async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
 
             async def watch_ready() -> None:
                 # A watch, not a polled list: listing 1,000 topics every half second would load
-                # the (in-process) API server as much as the operator does.
+                # the API server as much as the operator does.
                 since = str(created["metadata"]["resourceVersion"])
                 async for _etype, obj in api.watch(topics_res, since, timeout_seconds=900):
                     name = str((obj.get("metadata") or {}).get("name", ""))
