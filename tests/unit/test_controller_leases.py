@@ -163,3 +163,30 @@ async def test_leader_that_cannot_renew_steps_down_before_the_lease_expires() ->
     )
     a.stop()
     await task
+
+
+async def test_a_failed_start_steps_down_and_campaigns_again() -> None:
+    """An exception in the started callback (a transient API error while listing) releases the
+    lease and ends that term only: the elector campaigns again and leads."""
+    store = MemoryLeaseStore()
+    events: list[str] = []
+
+    async def started() -> None:
+        events.append("+")
+        if events.count("+") == 1:
+            raise RuntimeError("storage is (re)initializing")
+
+    async def stopped() -> None:
+        events.append("-")
+
+    a = LeaderElector(
+        store, "a", timings=FAST, on_started_leading=started, on_stopped_leading=stopped
+    )
+    task = asyncio.create_task(a.run())
+    await wait_for(lambda: events == ["+", "-", "+"])
+    assert not task.done()
+    assert a.is_leader and store.record is not None and store.record.holder == "a"
+    assert a.transitions_seen == 2
+    a.stop()
+    await task
+    assert events == ["+", "-", "+", "-"]

@@ -253,15 +253,26 @@ class LeaderElector:
                 self.transitions_seen += 1
                 self._leading.set()
                 log.info("leader election: %s is now the leader", self.identity)
+                start_failed = False
                 try:
                     if self._on_started:
                         await self._on_started()
                     await self._renew_until_lost()
+                except Exception:
+                    # A start that fails (the API server still initialising a resource right
+                    # after its CRD was created answers 429) ends this term, not the election.
+                    log.exception(
+                        "leader election: %s could not start leading; stepping down", self.identity
+                    )
+                    start_failed = True
                 finally:
                     self._leading.clear()
                     if self._on_stopped:
                         await self._on_stopped()
                     log.info("leader election: %s stopped leading", self.identity)
+                if start_failed:
+                    await self._release()
+                    await self._sleep(self._retry_delay())
         finally:
             await self._release()
 
