@@ -1,6 +1,7 @@
 """``stopic demo`` (``make run``) on a data directory an earlier run left behind: the demo topic
 split (or merged) by that run is deleted with its segments and created again in its initial
-shape, and a topic already in that shape is reused. Real operator, brokers and kubectl."""
+shape, and a topic already in that shape is reused. Real control plane, operator, brokers and
+kubectl (the server's release)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ async def test_demo_starts_the_topic_afresh_after_an_earlier_run(
             progress_every=0.5,
             kubeconfig=stack.cluster.kubeconfig,
         )
+        # What LocalCluster links as DIR/bin/kubectl: the server's release.
+        demo.kubectl_path = tmp_path / "bin" / "kubectl"
+        demo.kubectl_path.parent.mkdir()
+        demo.kubectl_path.symlink_to(stack.kube)
         api = await api_client(str(stack.cluster.kubeconfig))
         try:
             # What a previous run leaves: the example topic, split once.
