@@ -80,6 +80,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def memory_kb(pid: int, field: str = "VmRSS") -> int:
+    """A /proc/<pid>/status memory line in KiB: ``VmRSS`` (resident now), ``VmHWM`` (its peak)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+    raise ValueError(f"no {field} in /proc/{pid}/status")
+
+
 @dataclass
 class Server:
     name: str

@@ -1,9 +1,11 @@
-"""Segment broker produce/consume benchmark against NATS JetStream and Redis Streams.
+"""Segment broker produce/consume benchmark against NATS JetStream, Redis Streams and Kafka.
 
-All three servers run side by side (pinned to core 0); each has its own load-generator process
-(pinned to core 1). Every phase **interleaves** the systems (ours, NATS, Redis, ours, …) so that
-the background load of a shared machine hits them alike, and each payload size (100 B, 1 KB)
-has its own fresh stream/segment:
+All servers run side by side (pinned to core 0); each has its own load-generator process
+(pinned to core 1). Kafka (`bench/_kafka.py`, two rows: default flush and `flush.messages=1`)
+is driven by its own tools instead, one JVM per step on core 1, through the same phases. Every
+phase **interleaves** the systems (ours, NATS, Redis, Kafka, ours, …) so that the background
+load of a shared machine hits them alike, and each payload size (100 B, 1 KB) has its own fresh
+stream/segment/topic:
 
 1. **capacity**: closed-loop probes keep the in-flight window full, `repeats` interleaved
    rounds;
@@ -15,12 +17,13 @@ has its own fresh stream/segment:
    median of all probes;
 3. **consume**: read back from the start (batched fetch + one cumulative ack per batch).
 
-Every system gets the same client shape: one uvloop process, batches of up to `BATCH`
+Every system but Kafka gets the same client shape: one uvloop process, batches of up to `BATCH`
 messages, at most `WINDOW` messages in flight. Server and client CPU use are recorded per step;
 ≥ 85 % of a core is flagged (client-bound / server-bound).
 
-Set `BENCH_BROKER_SYSTEMS=ours,nats,redis` (any subset) to run fewer systems; `ours-msg` (not run
-by default) adds our broker driven through the SDK's per-message `send(value, key)`.
+Set `BENCH_BROKER_SYSTEMS=ours,nats,redis,kafka,kafka-sync` (any subset) to run fewer systems;
+`ours-msg` (not run by default) adds our broker driven through the SDK's per-message
+`send(value, key)`.
 """
 
 from __future__ import annotations
@@ -43,10 +46,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import _worker
+from bench import _kafka, _worker
 from bench._load import ConsumeResult, ConsumeSpec, StepResult, StepSpec
 from bench._peers import NATS_DURABILITY, REDIS_DURABILITY, start_nats, start_redis
-from bench._procs import Server, can_pin
+from bench._procs import Server, can_pin, memory_kb
 from bench.report import Cell, Report, Section, Table
 
 PAYLOADS = (100, 1024)
@@ -71,10 +74,12 @@ class Mode:
     equal_load: float = 0.0
     """> 0: one more open-loop step for every system at this fraction of the *slowest* system's
     saturation, so latencies compare at the same offered load."""
+    e2e_records: int = 100
+    """Kafka's EndToEndLatency: messages sent one at a time per payload and durability."""
 
 
 QUICK = Mode(2.0, 0.5, 0, 2.5, 0.5, (0.8,), 1.5)
-FULL = Mode(5.0, 1.0, 2, 6.0, 1.5, (0.8, 0.5, 0.8, 1.1, 0.8), 5.0, equal_load=0.5)
+FULL = Mode(5.0, 1.0, 2, 6.0, 1.5, (0.8, 0.5, 0.8, 1.1, 0.8), 5.0, equal_load=0.5, e2e_records=1000)
 
 
 @dataclass
@@ -106,6 +111,7 @@ class PayloadRun:
     steps: list[Step] = field(default_factory=list)
     consume: ConsumeResult | None = None
     consume_server_cpu: float = 0.0
+    e2e: _kafka.E2ELine | None = None
 
     @property
     def saturation(self) -> float:
@@ -138,6 +144,8 @@ class System:
     stats_delta: Callable[[dict[str, float], dict[str, float], float], dict[str, float]] | None = (
         None
     )
+    tools: bool = False
+    """Driven by its own benchmark tools (Kafka), not by our load-generator process."""
 
 
 @dataclass
@@ -149,12 +157,17 @@ class SystemRun:
     server_pid: int = 0
     runs: dict[int, PayloadRun] = field(default_factory=dict)
     error: str | None = None
+    unavailable: bool = False
+    """Not run because a prerequisite is missing (the error says which); not a failure."""
+    rss_rest_kb: int = 0
+    rss_peak_kb: int = 0
 
 
 def _systems() -> list[System]:
     """All systems, or those named in `BENCH_BROKER_SYSTEMS` (comma-separated keys)."""
     from bench import _ours
 
+    kafka = _kafka.SharedKafka()
     every = [
         System(
             "ours",
@@ -166,6 +179,20 @@ def _systems() -> list[System]:
         ),
         System("nats", "NATS JetStream (publish_async)", NATS_DURABILITY, start_nats),
         System("redis", "Redis Streams (pipelined XADD)", REDIS_DURABILITY, start_redis),
+        System(
+            "kafka",
+            "Kafka, default flush (ack before fsync)",
+            _kafka.DURABILITY["default"],
+            kafka.starter("default"),
+            tools=True,
+        ),
+        System(
+            "kafka-sync",
+            "Kafka, flush.messages=1 (ack after fsync)",
+            _kafka.DURABILITY["sync"],
+            kafka.starter("sync"),
+            tools=True,
+        ),
     ]
     optional = [
         System(
@@ -189,7 +216,11 @@ class _Runner:
     """One system under test: its server, its load-generator process, its results."""
 
     def __init__(
-        self, system: System, server: Server, pool: ProcessPoolExecutor, endpoint: dict[str, Any]
+        self,
+        system: System,
+        server: Server,
+        pool: ProcessPoolExecutor | None,
+        endpoint: dict[str, Any],
     ) -> None:
         self.system = system
         self.server = server
@@ -207,8 +238,20 @@ class _Runner:
             raise RuntimeError(f"{self.system.key} server died:\n{self.server.log_tail()}")
 
     def reset(self, payload: int) -> None:
-        self.pool.submit(_worker.reset, self.system.key, self._endpoint(payload)).result(120)
+        self._reset(payload)
         self.out.runs[payload] = PayloadRun(payload)
+
+    def _reset(self, payload: int) -> None:
+        assert self.pool is not None
+        self.pool.submit(_worker.reset, self.system.key, self._endpoint(payload)).result(120)
+
+    def _produce(self, spec: StepSpec) -> StepResult:
+        assert self.pool is not None
+        return self.pool.submit(_worker.produce, spec).result(spec.duration + spec.drain + 240)
+
+    def _consume(self, spec: ConsumeSpec) -> ConsumeResult:
+        assert self.pool is not None
+        return self.pool.submit(_worker.consume, spec).result(spec.duration + 120)
 
     def produce(self, payload: int, rate: float | None, kind: str, mode: Mode) -> Step:
         probe = rate is None
@@ -226,7 +269,7 @@ class _Runner:
         before = stats(self.endpoint) if stats else {}
         spy = self._profiler(payload, kind, spec.duration)
         c0, t0 = self.server.cpu(), time.monotonic()
-        result = self.pool.submit(_worker.produce, spec).result(spec.duration + spec.drain + 240)
+        result = self._produce(spec)
         if spy is not None:
             spy.wait(60)
         wall = max(1e-9, time.monotonic() - t0)
@@ -279,7 +322,7 @@ class _Runner:
     def consume(self, payload: int, mode: Mode) -> None:
         spec = ConsumeSpec(self.system.key, self._endpoint(payload), 1000, 50_000_000, mode.consume)
         c0, t0 = self.server.cpu(), time.monotonic()
-        result = self.pool.submit(_worker.consume, spec).result(spec.duration + 120)
+        result = self._consume(spec)
         run = self.out.runs[payload]
         run.consume = result
         run.consume_server_cpu = (self.server.cpu() - c0) / max(1e-9, time.monotonic() - t0)
@@ -289,6 +332,118 @@ class _Runner:
             flush=True,
         )
         self._check_alive()
+
+
+class _KafkaRunner(_Runner):
+    """Kafka driven by its own tools, one JVM per step on the client core: ProducerPerformance
+    for the produce steps (a fixed record count: the step's rate times its duration, the
+    warm-up share as `--warmup-records`), ConsumerPerformance, then EndToEndLatency."""
+
+    TOPIC = "org.apache.kafka.tools.TopicCommand"
+    PRODUCER = "org.apache.kafka.tools.ProducerPerformance"
+    CONSUMER = "org.apache.kafka.tools.ConsumerPerformance"
+    E2E = "org.apache.kafka.tools.EndToEndLatency"
+    TOOL_WARMUP = 2.0
+    """Seconds of each step's records added to its warm-up: a fresh tool JVM needs them to reach
+    its steady rate (the measured part keeps the other systems' length)."""
+    CALIBRATION_WINDOWS = 8
+    """Before the first probe: seconds of unthrottled sending (warms the server's JIT and sizes
+    the probes' record count)."""
+
+    def __init__(self, system: System, server: Server, endpoint: dict[str, Any]) -> None:
+        super().__init__(system, server, None, endpoint)
+        self.durability = str(endpoint["durability"])
+        self.produced: dict[int, int] = {}
+        self.estimate: dict[int, float] = {}
+        self.e2e_records = 200
+
+    def _topic(self, payload: int, kind: str = "bench") -> str:
+        return f"{kind}-{self.durability}-{payload}"
+
+    def _tool(self, main: str, args: list[str], timeout: float) -> _kafka.ToolRun:
+        run = _kafka.run_tool(_kafka.tool_command(self.endpoint, main, args), timeout)
+        return _kafka.checked(run, main.rsplit(".", 1)[1])
+
+    def _perf(
+        self, payload: int, records: int, warmup: int, rate: float | None
+    ) -> tuple[_kafka.ProducerLine, _kafka.ToolRun]:
+        args = _kafka.producer_perf_args(
+            str(self.endpoint["bootstrap"]), self._topic(payload), records, warmup, payload, rate
+        )
+        expected = records / rate if rate else records / self.estimate.get(payload, 1000.0)
+        run = self._tool(self.PRODUCER, args, 4 * expected + 180)
+        if self.produced.get(payload, 0) >= 0:
+            self.produced[payload] = self.produced.get(payload, 0) + records
+        return _kafka.parse_producer_perf(run.stdout), run
+
+    def _reset(self, payload: int) -> None:
+        bootstrap = str(self.endpoint["bootstrap"])
+        configs = _kafka.TOPIC_CONFIG[self.durability]
+        for kind in ("bench", "e2e"):
+            args = _kafka.topic_create_args(bootstrap, self._topic(payload, kind), 1, configs)
+            self._tool(self.TOPIC, args, 120)
+        args = _kafka.producer_perf_args(
+            bootstrap, self._topic(payload), 10**9, 0, payload, None, report_ms=1000
+        )
+        argv = _kafka.tool_command(self.endpoint, self.PRODUCER, args)
+        self.estimate[payload] = _kafka.calibrate(argv, self.CALIBRATION_WINDOWS, 120)
+        # How much the stopped calibration wrote is unknown: the consumer reads what saturation
+        # produces in its duration.
+        self.produced[payload] = -1
+
+    def _produce(self, spec: StepSpec) -> StepResult:
+        rate = spec.rate if spec.rate is not None else self.estimate[spec.payload]
+        records = max(1000, int(rate * (spec.duration + self.TOOL_WARMUP)))
+        warmup = int(rate * (spec.warmup + self.TOOL_WARMUP))
+        line, run = self._perf(spec.payload, records, warmup, spec.rate)
+        if spec.rate is None:
+            self.estimate[spec.payload] = max(line.rate, self.estimate[spec.payload] / 2)
+        return StepResult(
+            offered=spec.rate,
+            achieved=line.rate,
+            sent=records,
+            acked=records,
+            p50_ms=line.p50_ms,
+            p99_ms=line.p99_ms,
+            p999_ms=line.p999_ms,
+            max_ms=line.max_ms,
+            mean_ms=line.avg_ms,
+            recorded=line.records,
+            client_cpu=run.cpu,
+            wall=run.wall,
+            extra={
+                "tool": "ProducerPerformance",
+                "p95_ms": line.p95_ms,
+                "mbPerSec": line.mb_per_sec,
+            },
+        )
+
+    def _consume(self, spec: ConsumeSpec) -> ConsumeResult:
+        payload = int(spec.endpoint["run"])
+        saturation = self.out.runs[payload].saturation or self.estimate.get(payload, 0.0)
+        records = max(1, int(saturation * spec.duration))
+        if self.produced.get(payload, -1) >= 0:
+            records = min(records, self.produced[payload])
+        args = _kafka.consumer_perf_args(
+            str(self.endpoint["bootstrap"]), self._topic(payload), records
+        )
+        run = self._tool(self.CONSUMER, args, spec.duration * 10 + 120)
+        line = _kafka.parse_consumer_perf(run.stdout)
+        return ConsumeResult(line.records, line.fetch_seconds, run.cpu, run.wall)
+
+    def consume(self, payload: int, mode: Mode) -> None:
+        super().consume(payload, mode)
+        args = _kafka.e2e_args(
+            str(self.endpoint["bootstrap"]), self._topic(payload, "e2e"), self.e2e_records, payload
+        )
+        run = self._tool(self.E2E, args, self.e2e_records + 120)
+        e2e = _kafka.parse_e2e(run.stdout, self.e2e_records)
+        self.out.runs[payload].e2e = e2e
+        print(
+            f"[bench]   {self.system.key:5} {payload:4} B EndToEndLatency: p50 {e2e.p50_ms:.0f} "
+            f"p99 {e2e.p99_ms:.0f} p99.9 {e2e.p999_ms:.0f} ms",
+            flush=True,
+        )
 
 
 def _disk_fsync_ms(directory: Path, seconds: float = 1.0) -> float:
@@ -327,15 +482,27 @@ class _Bench:
                 tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
                 server, endpoint, version = system.start(tmp)
                 stack.callback(server.stop)
-                pool = stack.enter_context(
-                    ProcessPoolExecutor(
-                        1, mp_context=ctx, initializer=_worker.init, initargs=(self.pin,)
+                runner: _Runner
+                if system.tools:
+                    runner = _KafkaRunner(system, server, endpoint)
+                    runner.e2e_records = self.mode.e2e_records
+                else:
+                    pool = stack.enter_context(
+                        ProcessPoolExecutor(
+                            1, mp_context=ctx, initializer=_worker.init, initargs=(self.pin,)
+                        )
                     )
-                )
+                    runner = _Runner(system, server, pool, endpoint)
+            except _kafka.KafkaUnavailable as e:
+                out = SystemRun(system.key, system.label, system.durability, unavailable=True)
+                out.error = str(e)
+                self.results.append(out)
+                print(f"[bench] {system.key} not run: {e}", flush=True)
+                continue
             except Exception as e:
                 self._failed(SystemRun(system.key, system.label, system.durability), e)
                 continue
-            runner = _Runner(system, server, pool, endpoint)
+            runner.out.rss_rest_kb = memory_kb(server.pid)
             runner.profile_dir = self.profile_dir
             runner.out.version = version
             self.results.append(runner.out)
@@ -388,7 +555,14 @@ class _Bench:
                 )
         print("[bench] phase 3: consume", flush=True)
         for payload in PAYLOADS:
-            self.each(functools.partial(_Runner.consume, payload=payload, mode=mode))
+            self.each(functools.partial(_consume, payload=payload, mode=mode))
+        for runner in self.all_runners:
+            if runner.server.alive():
+                runner.out.rss_peak_kb = memory_kb(runner.server.pid, "VmHWM")
+
+
+def _consume(r: _Runner, payload: int, mode: Mode) -> None:
+    r.consume(payload, mode)
 
 
 def _latency_sweep(r: _Runner, payload: int, mode: Mode) -> None:
@@ -510,6 +684,33 @@ def _describe(section: Section, runs: list[SystemRun]) -> None:
         ["system", "version", "durability"],
         [[sr.label, sr.version or "-", sr.durability] for sr in runs],
     )
+    section.table(
+        "Server memory (resident set: at rest just after start, peak by the end of the run; "
+        "both Kafka rows are the same JVM, fixed 1 GiB heap)",
+        ["system", "pid", "RSS at rest MB", "peak RSS under load MB"],
+        [
+            [sr.label, sr.server_pid, round(sr.rss_rest_kb / 1024), round(sr.rss_peak_kb / 1024)]
+            for sr in runs
+            if sr.rss_rest_kb
+        ],
+    )
+    for sr in runs:
+        if sr.rss_rest_kb:
+            section.figure("rss_rest", sr.rss_rest_kb / 1024, "MB", system=sr.key)
+        if sr.rss_peak_kb:
+            section.figure("rss_peak", sr.rss_peak_kb / 1024, "MB", system=sr.key)
+    e2e: list[list[Cell]] = [
+        [sr.label, payload, pr.e2e.records, pr.e2e.p50_ms, pr.e2e.p99_ms, pr.e2e.p999_ms]
+        for sr in runs
+        for payload, pr in sr.runs.items()
+        if pr.e2e
+    ]
+    if e2e:
+        section.table(
+            "Kafka EndToEndLatency (its tool: one message at a time, produce -> consume, whole ms)",
+            ["system", "payload B", "messages", "p50 ms", "p99 ms", "p99.9 ms"],
+            e2e,
+        )
     for sr in runs:
         for payload, pr in sr.runs.items():
             rows = [_step_row(s, payload) for s in pr.probes + pr.steps]
@@ -594,6 +795,9 @@ def _metric(sr: SystemRun | None, payload: int, metric: str) -> float | None:
     return pr.consume.rate if pr.consume else None
 
 
+PEERS = ("nats", "redis", "kafka", "kafka-sync")
+
+
 def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
     by = {sr.key: sr for sr in runs}
     ours = by.get("ours")
@@ -602,7 +806,7 @@ def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
         for metric in ("saturation", "consume"):
             o = _metric(ours, payload, metric)
             row: list[Cell] = [payload, f"{metric} msg/s", None if o is None else round(o)]
-            for peer in ("nats", "redis"):
+            for peer in PEERS:
                 p = _metric(by.get(peer), payload, metric)
                 row.append(None if p is None else round(p))
                 ratio = o / p if o is not None and p else None
@@ -622,6 +826,10 @@ def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
                 "ours/JetStream",
                 "Redis",
                 "ours/Redis",
+                "Kafka default",
+                "ours/Kafka default",
+                "Kafka flush=1",
+                "ours/Kafka flush=1",
             ],
             rows,
         ),
@@ -678,6 +886,9 @@ def run(report: Report, quick: bool) -> None:
 
     runs = bench.results
     _describe(section, [sr for sr in runs if sr.runs])
+    missing: list[list[Cell]] = [[sr.label, sr.error] for sr in runs if sr.error]
+    if missing:
+        section.table("Systems not measured (and why)", ["system", "reason"], missing)
     for runner in bench.all_runners:
         for payload, path in runner.profiles.items():
             _profile_table(section, path, payload)
@@ -720,6 +931,9 @@ def run(report: Report, quick: bool) -> None:
             "version": sr.version,
             "serverPid": sr.server_pid,
             "error": sr.error,
+            "unavailable": sr.unavailable,
+            "rssRestKb": sr.rss_rest_kb,
+            "rssPeakKb": sr.rss_peak_kb,
             "runs": {
                 str(p): {
                     "saturation": pr.saturation,
@@ -735,6 +949,7 @@ def run(report: Report, quick: bool) -> None:
                         for s in pr.probes + pr.steps
                     ],
                     "consume": asdict(pr.consume) if pr.consume else None,
+                    "e2e": asdict(pr.e2e) if pr.e2e else None,
                     "consumeServerCpu": pr.consume_server_cpu,
                 }
                 for p, pr in sr.runs.items()
@@ -742,6 +957,23 @@ def run(report: Report, quick: bool) -> None:
         }
         for sr in runs
     ]
+    if any(sr.key.startswith("kafka") for sr in runs):
+        section.note(
+            "Kafka is driven by its own tools (one JVM each on the client core, "
+            f"-Xmx{_kafka.TOOL_HEAP}; the server has a fixed {_kafka.SERVER_HEAP} heap and Kafka's "
+            "own JVM flags), one partition per topic like our one segment: ProducerPerformance "
+            f"with {' '.join(_kafka.PRODUCER_PROPS)} (OMB's Kafka driver), keys cycling over "
+            f"{_kafka.KEY_RANGE} like ours (`--key-distribution range`), a fixed record count per "
+            "step (rate x duration, warm-up share excluded by `--warmup-records`). Its latency "
+            "runs from `send()` to the ack in whole ms and its throttle sleeps instead of "
+            "queueing, so it omits the wait a stalled producer would add (coordinated omission): "
+            "a lower bound next to ours, from the intended send time. Its closed-loop probes "
+            "fill the producer's 32 MB buffer (ours: <= 4096 messages in flight), so their "
+            "latency is queueing; compare latency in the open-loop steps. Consume = "
+            "ConsumerPerformance's fetch rate (after the group join) over as many messages as "
+            "saturation produces in the consume duration. Server and client CPU of a Kafka step "
+            "include the tool's JVM start (~1 s)."
+        )
     section.data["client"] = {"batch": BATCH, "window": WINDOW, "pinned": bench.pin}
     section.data["machine"] = {"fsync64kMs": disk, "loadAverage": load}
     if bench.errors:

@@ -1,0 +1,55 @@
+"""Kafka from the Maven cache (bench/_kafka.py): format, start, produce and consume keyed records
+with Kafka's own tools, stop."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench import _kafka
+
+
+def _installed() -> bool:
+    return (_kafka.cache_root() / f"kafka-{_kafka.kafka_version()}" / "complete").exists()
+
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not shutil.which("java") or not (shutil.which("mvn") or _installed()),
+        reason="Kafka needs Java 17+ and, once, Maven to fetch its jars from Maven Central "
+        "(apt-get install openjdk-17-jdk-headless maven)",
+    ),
+]
+
+
+def test_kafka_starts_from_the_cache_takes_keyed_records_and_stops(tmp_path: Path) -> None:
+    kafka = _kafka.start_kafka(tmp_path)
+    try:
+        assert kafka.server.alive()
+        endpoint = kafka.endpoint("sync")
+        tools = "org.apache.kafka.tools."
+        create = _kafka.topic_create_args(kafka.bootstrap, "t", 1, _kafka.TOPIC_CONFIG["sync"])
+        _kafka.checked(
+            _kafka.run_tool(_kafka.tool_command(endpoint, tools + "TopicCommand", create), 120),
+            "create",
+        )
+        perf = _kafka.producer_perf_args(kafka.bootstrap, "t", 2000, 0, 100, 2000)
+        run = _kafka.run_tool(
+            _kafka.tool_command(endpoint, tools + "ProducerPerformance", perf), 120
+        )
+        produced = _kafka.parse_producer_perf(_kafka.checked(run, "produce").stdout)
+        assert produced.records == 2000
+        assert run.cpu > 0
+        read = _kafka.consumer_perf_args(kafka.bootstrap, "t", 2000)
+        run = _kafka.run_tool(
+            _kafka.tool_command(endpoint, tools + "ConsumerPerformance", read), 120
+        )
+        consumed = _kafka.parse_consumer_perf(_kafka.checked(run, "consume").stdout)
+        assert consumed.records == 2000
+        assert "Kafka Server started" in kafka.server.log_tail(10**6)
+    finally:
+        kafka.server.stop()
+    assert not kafka.server.alive()
