@@ -53,3 +53,16 @@ def test_kafka_starts_from_the_cache_takes_keyed_records_and_stops(tmp_path: Pat
     finally:
         kafka.server.stop()
     assert not kafka.server.alive()
+
+
+def test_without_maven_and_no_cached_jars_kafka_is_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    java = shutil.which("java")
+    assert java is not None
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "java").symlink_to(java)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(_kafka.KafkaUnavailable, match="mvn not found"):
+        _kafka.ensure_kafka(cache=tmp_path / "cache")

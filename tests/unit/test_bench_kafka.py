@@ -175,3 +175,24 @@ def test_end_to_end_latency_summary() -> None:
         78.0,
         500,
     )
+
+
+def test_without_java_the_kafka_rows_say_why_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import broker
+    from bench.report import Report
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no java, no mvn
+    monkeypatch.setenv("BENCH_BROKER_SYSTEMS", "kafka,kafka-sync")
+    monkeypatch.setattr(broker, "_disk_fsync_ms", lambda directory: 1.0)
+    report = Report(quick=True, command="test", out_dir=tmp_path)
+    broker.run(report, True)  # raises when a system failed; a missing prerequisite is no failure
+    [section] = report.sections
+    [table] = [t for t in section.tables if t.title.startswith("Systems not measured")]
+    assert [row[0] for row in table.rows] == [
+        "Kafka, default flush (ack before fsync)",
+        "Kafka, flush.messages=1 (ack after fsync)",
+    ]
+    assert all("java not found" in str(row[1]) for row in table.rows)
+    assert [s["unavailable"] for s in section.data["systems"]] == [True, True]
