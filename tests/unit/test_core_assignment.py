@@ -661,7 +661,7 @@ class CoordinatorMachine(EventRules):
         acceptable = (
             name is None
             or segment_id not in coordinator.tracked()
-            or (name == holder and coordinator.is_consumable(segment_id))
+            or (name in coordinator.holders(segment_id) and coordinator.is_consumable(segment_id))
         )
         result = self.apply(methodcaller("drained", name, segment_id, self.now))
         assert (result.rejected is None) == acceptable, result.rejected

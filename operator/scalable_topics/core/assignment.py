@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
@@ -159,6 +160,9 @@ class ConsumerAssignment:
     consumer: str
     layout_epoch: int
     segments: tuple[AssignedSegment, ...] = ()
+    releasing: tuple[Unit, ...] = ()
+    """Stream subscriptions: units taken from this consumer and withheld from their new owner
+    until this consumer reports them released (``SubscriptionCoordinator.released``)."""
 
     @property
     def segment_ids(self) -> tuple[int, ...]:
@@ -175,11 +179,14 @@ class ConsumerAssignment:
 
     def to_dict(self) -> dict[str, Any]:
         """The body of the assignment message pushed to the consumer (camelCase JSON)."""
-        return {
+        body: dict[str, Any] = {
             "consumer": self.consumer,
             "layoutEpoch": self.layout_epoch,
             "segments": [s.to_dict() for s in self.segments],
         }
+        if self.releasing:
+            body["releasing"] = _group_units(self.releasing)
+        return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,11 +279,18 @@ class Coordinator(Generic[K]):
     up to a cap of the active items' fair share."""
 
     def __init__(
-        self, layout: SegmentLayout, *, grace_period: float, drained: Iterable[int]
+        self,
+        layout: SegmentLayout,
+        *,
+        grace_period: float,
+        drained: Iterable[int],
+        buckets: Mapping[int, int] | None = None,
     ) -> None:
         if not math.isfinite(grace_period) or grace_period < 0:
             raise ValueError(f"grace period must be a finite number >= 0, got {grace_period!r}")
         self._grace_period = float(grace_period)
+        self._buckets: dict[int, int] = {}
+        self._learn_buckets(buckets or {})
         self._layout = layout
         self._drained: set[int] = set()
         for segment_id in drained:
@@ -320,7 +334,25 @@ class Coordinator(Generic[K]):
         self._assign_sticky(was_consumable)
 
     def _learn_buckets(self, buckets: Mapping[int, int]) -> None:
-        """Bucket counts of segments (used by queue subscriptions only)."""
+        """Bucket counts of segments (from the DAG)."""
+        for segment_id, count in buckets.items():
+            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 65536:
+                raise ValueError(f"bucket count of segment {segment_id} is invalid: {count!r}")
+            self._buckets[segment_id] = count
+
+    @property
+    def buckets(self) -> dict[int, int]:
+        """The known bucket count of each segment (also of segments the DAG announced before
+        the layout that has them arrived)."""
+        return dict(self._buckets)
+
+    def buckets_changed(self, buckets: Mapping[int, int], now: float) -> CoordinatorResult:
+        """Bucket counts learnt (or corrected) from the DAG."""
+
+        def learn() -> None:
+            self._learn_buckets(buckets)
+
+        return self._event(now, learn)
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -682,6 +714,13 @@ class Coordinator(Generic[K]):
         so balancing prefers to move it over one a consumer has been reading.
         """
         segments = self._layout.segments
+        # Keep counts of the layout's segments and of segments it does not have yet (the DAG
+        # may announce them first).
+        self._buckets = {
+            s: n
+            for s, n in self._buckets.items()
+            if s in segments or s >= self._layout.next_segment_id
+        }
         self._drained &= {i for i, s in segments.items() if not s.active}
         blocked: dict[int, tuple[int, ...]] = {}
         undrained_ancestors: dict[int, frozenset[int]] = {}
@@ -819,11 +858,33 @@ class Coordinator(Generic[K]):
 
 
 class SubscriptionCoordinator(Coordinator[int]):
-    """Segment-to-consumer assignment of one stream or checkpoint subscription.
+    """Segment-to-consumer assignment of one stream or checkpoint subscription, with
+    key-shared bucket sharing (PIP-486) when there are more consumers than consumable segments.
 
     ``drained`` seeds the set of sealed segments this subscription has already drained (for a
     subscription created on a topic that has sealed segments, the caller decides which of them
     the subscription still has to read).
+
+    **Two levels.** Every tracked segment has one *primary* consumer, assigned exactly as
+    before (sticky or round-robin, sealed segments pinned, children near their parents). On top
+    of that, every connected consumer with no consumable segment of its own (an *idle* one) is
+    made a *helper* of one consumable segment whose primary is connected and that has fewer
+    sharers than buckets: sealed segments first (a sealed backlog drains wide, PIP-486 use case
+    1), then the one with the most buckets per sharer. A shared segment's ``N`` buckets are
+    split among its sharers (primary and helpers) to within one, moving as few as possible;
+    each bucket (``(segment, bucket)`` unit) has exactly one owner. So with consumers <=
+    consumable segments nothing changes (whole segments, ``buckets`` is ``None``), and with
+    more every consumer up to ``sum(N)`` has work. A segment whose bucket count is not known
+    counts as one bucket (never shared).
+
+    **Hand-off.** A unit whose owner changes while its previous owner is still registered is
+    *withheld*: it is in nobody's assignment (the previous owner sees it in ``releasing``) until
+    the previous owner reports it released (:meth:`released`: it has acknowledged every entry
+    of the bucket it handed to its application and detached), or leaves (unregisters, or its
+    grace period runs out). A whole segment moving from one unshared owner to another is not
+    withheld: the broker lets the next owner attach once the previous one detached, as before.
+
+    Helpers and their buckets are not persisted: a new leader recomputes them.
     """
 
     def __init__(
@@ -833,6 +894,7 @@ class SubscriptionCoordinator(Coordinator[int]):
         strategy: AssignmentStrategy | str = AssignmentStrategy.STICKY,
         grace_period: float = DEFAULT_GRACE_PERIOD,
         drained: Iterable[int] = (),
+        buckets: Mapping[int, int] | None = None,
     ) -> None:
         try:
             self._strategy = AssignmentStrategy(strategy)
@@ -841,14 +903,73 @@ class SubscriptionCoordinator(Coordinator[int]):
             raise ValueError(
                 f"unknown assignment strategy {strategy!r}: use one of {choices}"
             ) from None
-        super().__init__(layout, grace_period=grace_period, drained=drained)
+        self._shares: dict[Unit, str] = {}
+        """Units of consumable segments owned by another consumer than the primary."""
+        self._withheld: dict[Unit, str] = {}
+        """Unit -> the previous owner that has not released it yet."""
+        self._effective: dict[Unit, str] = {}
+        """Owner of every unit of every consumable segment with a primary (withheld or not)."""
+        self._held: dict[str, dict[int, tuple[int, ...]]] = {}
+        """Consumer -> consumable segment -> the buckets it reads now (not withheld)."""
+        self.reassignments = 0
+        """Units that changed owner since this coordinator was made (a counter)."""
+        super().__init__(layout, grace_period=grace_period, drained=drained, buckets=buckets)
 
     @property
     def strategy(self) -> AssignmentStrategy:
         return self._strategy
 
     def owner_of(self, segment_id: int) -> str | None:
+        """The segment's primary consumer."""
         return self._owner.get(segment_id)
+
+    def bucket_count(self, segment_id: int) -> int:
+        """The segment's bucket count (1 while unknown)."""
+        return self._buckets.get(segment_id, 1)
+
+    def unit_owners(self) -> dict[Unit, str]:
+        """Owner of every unit of every consumable, assigned segment (withheld units too)."""
+        return dict(self._effective)
+
+    def withheld(self) -> dict[Unit, str]:
+        """Units withheld for a hand-off -> the previous owner that has to release them."""
+        return dict(self._withheld)
+
+    def sharers(self, segment_id: int) -> tuple[str, ...]:
+        """Consumers owning buckets of a consumable segment (one when it is not shared)."""
+        return tuple(sorted({n for (s, _), n in self._effective.items() if s == segment_id}))
+
+    def drain_wide(self) -> tuple[int, ...]:
+        """Sealed segments being drained by more than one consumer."""
+        segments = self._layout.segments
+        return tuple(
+            s
+            for s in sorted({s for s, _ in self._effective})
+            if not segments[s].active and len(self.sharers(s)) > 1
+        )
+
+    def holders(self, segment_id: int) -> tuple[str, ...]:
+        """The primary and the helpers of ``segment_id``, by name."""
+        names = {n for (s, _), n in self._effective.items() if s == segment_id}
+        primary = self._owner.get(segment_id)
+        if primary is not None:
+            names.add(primary)
+        return tuple(sorted(names))
+
+    def released(
+        self, name: str, segment_id: int, buckets: Iterable[int], now: float
+    ) -> CoordinatorResult:
+        """``name`` has let go of ``buckets`` of ``segment_id`` (every entry of them it handed
+        to its application is acknowledged, and it detached): hand them to their new owner.
+        Buckets not withheld from ``name`` are ignored (a repeated report)."""
+        units = [(segment_id, b) for b in buckets]
+
+        def apply() -> None:
+            for unit in units:
+                if self._withheld.get(unit) == name:
+                    del self._withheld[unit]
+
+        return self._event(now, apply)
 
     @classmethod
     def from_status(
@@ -858,6 +979,7 @@ class SubscriptionCoordinator(Coordinator[int]):
         now: float,
         grace_period: float = DEFAULT_GRACE_PERIOD,
         strategy: AssignmentStrategy | str = AssignmentStrategy.STICKY,
+        buckets: Mapping[int, int] | None = None,
     ) -> SubscriptionCoordinator:
         """Restore :meth:`to_status` output under ``layout`` (a new leader taking over).
 
@@ -867,7 +989,9 @@ class SubscriptionCoordinator(Coordinator[int]):
         :meth:`to_status` afterwards and write it back if it differs from ``data``.
         """
         drained, consumers = cls._parse_status(data)
-        coordinator = cls(layout, strategy=strategy, grace_period=grace_period, drained=drained)
+        coordinator = cls(
+            layout, strategy=strategy, grace_period=grace_period, drained=drained, buckets=buckets
+        )
         owner: dict[int, str] = {}
         for name, segments in consumers:
             for segment_id in segments:
@@ -891,6 +1015,154 @@ class SubscriptionCoordinator(Coordinator[int]):
 
     def _view_buckets(self, items: Sequence[int]) -> tuple[int, ...] | None:
         return None
+
+    def _view(self, name: str, held: Mapping[int, Sequence[int]]) -> ConsumerAssignment:
+        """The primary's segments not consumable yet are whole; a consumable segment appears
+        with the buckets ``name`` reads (``None``: all of them)."""
+        segments = self._layout.segments
+        units = self._held.get(name, {})
+        ids = {i for i in held if i not in self._consumable} | set(units)
+        entries = []
+        for i in self._topo(ids):
+            owned = units.get(i)
+            whole = owned is None or len(owned) == self.bucket_count(i)
+            entries.append(
+                AssignedSegment(
+                    segment_id=i,
+                    hash_range=segments[i].hash_range,
+                    sealed=not segments[i].active,
+                    consumable=i in self._consumable,
+                    blocked_by=self._blocked[i],
+                    buckets=None if whole else owned,
+                )
+            )
+        releasing = tuple(sorted(u for u, n in self._withheld.items() if n == name))
+        return ConsumerAssignment(name, self._layout.epoch, tuple(entries), releasing)
+
+    def _reconcile(self, *, was_consumable: frozenset[int]) -> None:
+        super()._reconcile(was_consumable=was_consumable)
+        self._share()
+
+    def _share(self) -> None:
+        """Place helpers, split shared segments' buckets, and track hand-offs (see the class
+        docstring)."""
+        live = set(self.connected())
+        sessions = self._sessions
+        primary = {s: n for s, n in self._owner.items() if s in self._consumable}
+        counts = {s: self.bucket_count(s) for s in primary}
+
+        # Shares still valid: of a consumable segment, owned by a registered consumer that is
+        # not the primary and has no consumable segment of its own (a frozen, disconnected
+        # helper keeps its shares).
+        shares: dict[Unit, str] = {}
+        for (s, b), n in self._shares.items():
+            valid = s in primary and b < counts[s] and n in sessions and n != primary[s]
+            if valid and n not in primary.values():
+                shares[(s, b)] = n
+        # A helper reads one segment: keep the one where it has the most buckets.
+        helping: dict[str, int] = {}
+        for n in set(shares.values()):
+            mine = [s for (s, _), m in shares.items() if m == n]
+            helping[n] = max(set(mine), key=lambda s: (mine.count(s), -s))
+        shares = {u: n for u, n in shares.items() if helping[n] == u[0]}
+        # A segment all of whose buckets are with helpers was taken over from its primary.
+        taken = {s for s in primary if sum(1 for u in shares if u[0] == s) == counts[s]}
+        readers: dict[int, set[str]] = {s: set() if s in taken else {primary[s]} for s in primary}
+        for n, s in helping.items():
+            readers[s].add(n)
+
+        segments = self._layout.segments
+        reading = {n for names in readers.values() for n in names}
+        for n in sorted(live - reading):
+            load = Counter(primary[s] for s in primary if s not in taken)
+            # share a segment with fewer readers than buckets, or take over a whole one from a
+            # primary that reads others too (a pinned sealed segment, an N = 1 segment)
+            candidates = [
+                s
+                for s in primary
+                if primary[s] in live
+                and (
+                    len(readers[s]) < counts[s]
+                    or (readers[s] == {primary[s]} and load[primary[s]] > 1)
+                )
+            ]
+            if not candidates:
+                break
+            best = max(
+                candidates,
+                key=lambda s: (not segments[s].active, counts[s] / len(readers[s]), -s),
+            )
+            if len(readers[best]) >= counts[best]:
+                taken.add(best)
+                readers[best] = set()
+            readers[best].add(n)
+            helping[n] = best
+
+        effective: dict[Unit, str] = {}
+        for s, owner in primary.items():
+            units = {(s, b): shares.get((s, b), owner) for b in range(counts[s])}
+            if readers[s] != {owner} and owner in live:
+                self._split(units, sorted(readers[s] & live), owner if s in taken else None)
+            effective.update(units)
+
+        # Hand-offs: a unit whose owner changed while its previous owner is registered.
+        previous = self._effective
+        was_whole = _whole_owners(previous)
+        now_whole = _whole_owners(effective)
+        withheld = {
+            u: n
+            for u, n in self._withheld.items()
+            if u in effective and n in sessions and effective[u] != n
+        }
+        for unit, owner in effective.items():
+            before = previous.get(unit)
+            if before is None or before == owner:
+                continue
+            self.reassignments += 1
+            s = unit[0]
+            if was_whole.get(s) == before and now_whole.get(s) == owner:
+                continue
+            if before in sessions and unit not in withheld:
+                withheld[unit] = before
+        self._withheld = withheld
+        self._effective = effective
+        self._shares = {u: n for u, n in effective.items() if n != primary[u[0]]}
+        held: dict[str, dict[int, list[int]]] = {}
+        for (s, b), n in sorted(effective.items()):
+            if (s, b) not in withheld:
+                held.setdefault(n, {}).setdefault(s, []).append(b)
+        self._held = {n: {s: tuple(b) for s, b in by.items()} for n, by in held.items()}
+
+    @staticmethod
+    def _split(units: dict[Unit, str], names: list[str], giver: str | None) -> None:
+        """Give each of ``names`` (connected readers) ``len // k`` or one more of the units
+        they hold between them (and all of ``giver``'s: a primary whose segment is taken over),
+        moving as few as possible: the consumers holding the most keep the extra ones; a donor
+        gives its highest buckets."""
+        if not names:
+            return
+        pool = sorted(u for u, n in units.items() if n in names or n == giver)
+        if not pool:
+            return
+        owned: dict[str, list[Unit]] = {n: [] for n in names}
+        spare: list[Unit] = []
+        for unit in pool:
+            if units[unit] in owned:
+                owned[units[unit]].append(unit)
+            else:
+                spare.append(unit)
+        base, extra = divmod(len(pool), len(names))
+        order = sorted(names, key=lambda n: (-len(owned[n]), n))
+        target = {n: base + (1 if i < extra else 0) for i, n in enumerate(order)}
+        for n in order:
+            while len(owned[n]) > target[n]:
+                spare.append(owned[n].pop())
+        spare.sort()
+        for n in sorted(names):
+            while len(owned[n]) < target[n]:
+                unit = spare.pop()
+                owned[n].append(unit)
+                units[unit] = n
 
     def _affinity(self, item: int) -> set[str]:
         """The consumers of the segment's parents (a merge child's: every parent's)."""
@@ -943,23 +1215,7 @@ class QueueCoordinator(Coordinator[Unit]):
         grace_period: float = DEFAULT_GRACE_PERIOD,
         drained: Iterable[int] = (),
     ) -> None:
-        self._buckets: dict[int, int] = {}
-        self._learn_buckets(buckets)
-        super().__init__(layout, grace_period=grace_period, drained=drained)
-
-    @property
-    def buckets(self) -> dict[int, int]:
-        """The known bucket count of each segment (also of segments the DAG announced before
-        the layout that has them arrived)."""
-        return dict(self._buckets)
-
-    def buckets_changed(self, buckets: Mapping[int, int], now: float) -> CoordinatorResult:
-        """Bucket counts learnt (or corrected) from the DAG."""
-
-        def learn() -> None:
-            self._learn_buckets(buckets)
-
-        return self._event(now, learn)
+        super().__init__(layout, grace_period=grace_period, drained=drained, buckets=buckets)
 
     def owned(self, name: str) -> tuple[Unit, ...]:
         """The units ``name`` owns, in DAG order."""
@@ -999,23 +1255,6 @@ class QueueCoordinator(Coordinator[Unit]):
         coordinator._restore((name for name, _ in consumers), owner, now)
         return coordinator
 
-    def _learn_buckets(self, buckets: Mapping[int, int]) -> None:
-        for segment_id, count in buckets.items():
-            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 65536:
-                raise ValueError(f"bucket count of segment {segment_id} is invalid: {count!r}")
-            self._buckets[segment_id] = count
-
-    def _reconcile(self, *, was_consumable: frozenset[int]) -> None:
-        # Keep counts of the layout's segments and of segments it does not have yet (the DAG
-        # may announce them first).
-        layout = self._layout
-        self._buckets = {
-            s: n
-            for s, n in self._buckets.items()
-            if s in layout.segments or s >= layout.next_segment_id
-        }
-        super()._reconcile(was_consumable=was_consumable)
-
     def _items(self, segment_id: int) -> list[Unit]:
         return [(segment_id, b) for b in range(self._buckets.get(segment_id, 0))]
 
@@ -1043,6 +1282,22 @@ class QueueCoordinator(Coordinator[Unit]):
         connection), then the newest segment's highest bucket (slices stay contiguous)."""
         segment_id, bucket = item
         return rank, 0 if segment_id in recipient_segments else 1, -segment_id, -bucket
+
+
+def _whole_owners(units: Mapping[Unit, str]) -> dict[int, str]:
+    """Segments all of whose units have one owner -> that owner."""
+    owners: dict[int, set[str]] = {}
+    for (s, _), n in units.items():
+        owners.setdefault(s, set()).add(n)
+    return {s: next(iter(n)) for s, n in owners.items() if len(n) == 1}
+
+
+def _group_units(units: Iterable[Unit]) -> list[dict[str, Any]]:
+    """``[{"segmentId": s, "buckets": [b, ...]}, ...]`` by segment id."""
+    grouped: dict[int, list[int]] = {}
+    for segment_id, bucket in sorted(units):
+        grouped.setdefault(segment_id, []).append(bucket)
+    return [{"segmentId": s, "buckets": b} for s, b in grouped.items()]
 
 
 def _as_segment_id(value: Any, where: str) -> int:
