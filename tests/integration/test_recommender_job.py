@@ -1,11 +1,15 @@
 """The recommender job with a real Spark (``local[2]``) on generated history, and end to end
-against the embedded API server."""
+against the real API server (a namespace of the session's control plane): run in this process,
+and as the CronJob of ``manifests/overlays/local`` fired by the real CronJob controller, its Job's
+Pod run by our kubelet under the recommender's ServiceAccount and Roles."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +18,8 @@ import pytest
 
 from scalable_topics.core.layout import HashRange, SegmentLayout
 from scalable_topics.core.policy import DEFAULT_POLICY
-from scalable_topics.localcluster.cluster import LocalCluster
+from scalable_topics.localcluster.nodekubelet import NodeKubelet
+from scalable_topics.localcluster.restclient import PODS, PVCS, Resource, client_from_kubeconfig
 from scalable_topics.recommender.__main__ import parser, run
 from scalable_topics.recommender.history import (
     SegmentTraffic,
@@ -26,9 +31,17 @@ from scalable_topics.recommender.job import analyse, build_session
 from scalable_topics.recommender.rules import SegmentStats, Window, plan_topic
 from scalable_topics.recommender.writer import TopicStore
 
+from .conftest import ClusterNamespace, eventually
+
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parents[2]
+RECOMMENDER = "scalable-topics-recommender"
+HISTORY_CLAIM = "scalable-topics-load-history"
+BASE_NS = "scalable-topics"
+"""The namespace of ``manifests/``, replaced by the test's own."""
+JOBS = Resource("batch", "v1", "jobs")
+CRONJOBS = Resource("batch", "v1", "cronjobs")
 # 2026-11-23T00:30:00Z: the 1 h window (23:30, 00:30] spans two hour partitions.
 NOW = 1_795_393_800.0
 WINDOW = Window(NOW - 3600, NOW, 10.0)
@@ -39,23 +52,23 @@ def _const(rate: float) -> Any:
     return lambda _t: rate
 
 
-def traffic() -> list[SegmentTraffic]:
-    """Generated from two hours before ``NOW`` (so the window also excludes rows)."""
+def traffic(namespace: str = "default", now: float = NOW) -> list[SegmentTraffic]:
+    """Generated from two hours before ``now`` (so the window also excludes rows)."""
     quarters = SegmentLayout.initial(4).active()
-    start = NOW - 7200
+    start = now - 7200
 
     def hot_until(ts: float, rate: float) -> Any:
         return lambda t: rate if start + t <= ts else 30.0
 
     orders = [_const(3000.0), _const(15000.0), _const(20.0), _const(30.0)]
-    payments = [_const(3000.0), _const(3000.0), _const(20.0), hot_until(NOW - 1200, 3000.0)]
+    payments = [_const(3000.0), _const(3000.0), _const(20.0), hot_until(now - 1200, 3000.0)]
     segments = []
     for topic, rates in (("orders", orders), ("payments", payments)):
         for s, rate in zip(quarters, rates, strict=True):
             skewed = topic == "orders" and s.segment_id == 1
             segments.append(
                 SegmentTraffic(
-                    "default",
+                    namespace,
                     topic,
                     s.segment_id,
                     s.hash_range.start,
@@ -66,7 +79,7 @@ def traffic() -> list[SegmentTraffic]:
             )
     # A linear ramp, for the trend: 1000/s at the window start, +3600/s per hour.
     segments.append(
-        SegmentTraffic("default", "ramp", 0, 0, 0xFFFF, lambda t: 1000.0 + max(0.0, t - 3600.0))
+        SegmentTraffic(namespace, "ramp", 0, 0, 0xFFFF, lambda t: 1000.0 + max(0.0, t - 3600.0))
     )
     return segments
 
@@ -261,31 +274,41 @@ def _same(a: list[SegmentStats], b: list[SegmentStats]) -> None:
         assert x.last_hot_ts == y.last_hot_ts
 
 
-async def test_job_writes_recommendations_to_the_cluster(
-    spark: Any, history: Path, local_cluster: LocalCluster, tmp_path: Path
+async def create_topics(
+    cluster: ClusterNamespace, store: TopicStore, segments: dict[str, int]
 ) -> None:
-    await local_cluster.apply_file(REPO / "crds")
-    for name in ("orders", "ramp"):
-        local_cluster.create(
-            {
-                "apiVersion": "scalabletopics.io/v1alpha1",
-                "kind": "ScalableTopic",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {"initialSegments": 4 if name == "orders" else 1},
-            }
-        )
-    store = await asyncio.to_thread(TopicStore.connect, str(local_cluster.kubeconfig))
+    """ScalableTopics in ``cluster``'s namespace with their initial layouts in status (as the
+    operator writes them)."""
+    await cluster.apply_crds()
+    for name, n in segments.items():
+        topic = {
+            "apiVersion": "scalabletopics.io/v1alpha1",
+            "kind": "ScalableTopic",
+            "metadata": {"name": name},
+            "spec": {"initialSegments": n},
+        }
+        await cluster.kubectl("create", "-f", "-", input=json.dumps(topic))
 
     def set_layouts() -> None:
-        for name, n in (("orders", 4), ("ramp", 1)):
-            obj = store.get_topic("default", name)
+        for name, n in segments.items():
+            obj = store.get_topic(cluster.namespace, name)
             assert obj is not None
             obj["status"] = {"layout": SegmentLayout.initial(n).to_metadata()}
             store.custom.replace_namespaced_custom_object_status(
-                "scalabletopics.io", "v1alpha1", "default", "scalabletopics", name, obj
+                "scalabletopics.io", "v1alpha1", cluster.namespace, "scalabletopics", name, obj
             )
 
     await asyncio.to_thread(set_layouts)
+
+
+async def test_job_writes_recommendations_to_the_cluster(
+    spark: Any, local_cluster: ClusterNamespace, tmp_path: Path
+) -> None:
+    ns = local_cluster.namespace
+    history = tmp_path / "history"
+    write_jsonl(history, generate_records(traffic(ns), start=NOW - 7200, end=NOW))
+    store = await asyncio.to_thread(TopicStore.connect, str(local_cluster.kubeconfig))
+    await create_topics(local_cluster, store, {"orders": 4, "ramp": 1})
     argv = [
         "--history",
         str(history),
@@ -295,13 +318,15 @@ async def test_job_writes_recommendations_to_the_cluster(
         str(NOW),
         "--kubeconfig",
         str(local_cluster.kubeconfig),
+        "--namespace",
+        ns,
     ]
     summary = await asyncio.to_thread(run, parser().parse_args(argv), spark)
     results = {t["name"]: t for t in summary["topics"]}
     assert results["orders"]["result"] == "written"
     assert results["payments"]["skipped"] == "topic not found"
     assert results["ramp"]["result"] == "written"
-    obj = await asyncio.to_thread(store.get_topic, "default", "orders")
+    obj = await asyncio.to_thread(store.get_topic, ns, "orders")
     assert obj is not None
     rec = obj["status"]["recommendation"]
     assert rec["basedOnEpoch"] == 0 and rec["window"] == "1h"
@@ -312,15 +337,108 @@ async def test_job_writes_recommendations_to_the_cluster(
     ]
     assert "15,000" in rec["actions"][0]["detail"]
     version = obj["metadata"]["resourceVersion"]
-    ramp = await asyncio.to_thread(store.get_topic, "default", "ramp")
+    ramp = await asyncio.to_thread(store.get_topic, ns, "ramp")
     assert ramp is not None and ramp["status"]["recommendation"]["actions"] == []
 
     # A second run on the same data changes nothing, so nothing is written.
     summary = await asyncio.to_thread(run, parser().parse_args(argv), spark)
     assert {t["name"]: t.get("result") for t in summary["topics"]}["orders"] == "unchanged"
-    obj = await asyncio.to_thread(store.get_topic, "default", "orders")
+    obj = await asyncio.to_thread(store.get_topic, ns, "orders")
     assert obj is not None and obj["metadata"]["resourceVersion"] == version
     store.close()
+
+
+def recommender_overlay(directory: Path, namespace: str) -> Path:
+    """``manifests/overlays/local`` in ``namespace`` with its CronJob firing every minute, and
+    neither operator nor brokers (nothing but the job touches the topics)."""
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def patch(api: str, kind: str, name: str, **body: Any) -> dict[str, Any]:
+        meta = {"name": name} if kind == "Namespace" else {"name": name, "namespace": BASE_NS}
+        return {"apiVersion": api, "kind": kind, "metadata": meta, **body}
+
+    patches = [
+        patch("v1", "Namespace", BASE_NS, **{"$patch": "delete"}),
+        patch("apps/v1", "Deployment", "scalable-topics-operator", spec={"replicas": 0}),
+        patch("apps/v1", "StatefulSet", "segment-broker", spec={"replicas": 0}),
+        patch("batch/v1", "CronJob", RECOMMENDER, spec={"schedule": "* * * * *", "suspend": False}),
+    ]
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": namespace,
+        "resources": [os.path.relpath(REPO / "manifests" / "overlays" / "local", directory)],
+        "patches": [{"patch": json.dumps(patch)} for patch in patches],
+    }
+    (directory / "kustomization.yaml").write_text(json.dumps(kustomization))
+    return directory
+
+
+async def test_cronjob_fires_and_its_pod_writes_recommendations(
+    local_cluster: ClusterNamespace, local_node: NodeKubelet, tmp_path: Path
+) -> None:
+    """The real CronJob controller creates the Job, the Job controller its Pod, the scheduler
+    binds it to our node, and the recommender in it (Spark ``local[2]``) reads the history
+    claim and writes ``status.recommendation`` with its own ServiceAccount's rights."""
+    ns = local_cluster.namespace
+    overlay = recommender_overlay(tmp_path / "overlay", ns)
+    store = await asyncio.to_thread(TopicStore.connect, str(local_cluster.kubeconfig))
+    admin = client_from_kubeconfig(local_cluster.kubeconfig)
+    try:
+        await create_topics(local_cluster, store, {"orders": 4})
+        await local_cluster.kubectl("apply", "-k", str(overlay))
+
+        async def claim_bound() -> bool:
+            claim = await admin.get(PVCS, ns, HISTORY_CLAIM)
+            return (claim.get("status") or {}).get("phase") == "Bound"
+
+        await eventually(claim_bound, within=60)
+        # The brokers' load history, on the claim's directory on the node, ending now.
+        now = time.time()
+        history = local_node.agent.layout.claim_dir(ns, HISTORY_CLAIM)
+        write_jsonl(history, generate_records(traffic(ns, now), start=now - 7200, end=now))
+
+        async def job_finished() -> bool:
+            jobs, _ = await admin.list(JOBS, ns)
+            ours = [j for j in jobs if _owner_kind(j) == "CronJob"]
+            if any((j.get("status") or {}).get("failed") for j in ours):
+                raise AssertionError(f"recommender job failed: {await _pod_logs(local_cluster)}")
+            return any((j.get("status") or {}).get("succeeded") for j in ours)
+
+        # The next minute boundary, then Spark's start on a shared machine.
+        await eventually(job_finished, within=240, interval=1.0)
+        await admin.patch(CRONJOBS, ns, RECOMMENDER, {"spec": {"suspend": True}})
+
+        pods, _ = await admin.list(
+            PODS, ns, label_selector="app.kubernetes.io/name=scalable-topics-recommender"
+        )
+        assert pods, "the job's pod is gone"
+        pod = pods[0]
+        assert pod["spec"]["nodeName"] == local_node.node_name
+        assert pod["spec"]["serviceAccountName"] == "scalable-topics-recommender"
+        assert pod["status"]["phase"] == "Succeeded"
+
+        obj = await asyncio.to_thread(store.get_topic, ns, "orders")
+        assert obj is not None
+        rec = obj["status"]["recommendation"]
+        assert rec["basedOnEpoch"] == 0 and rec["window"] == "1h"
+        assert [(a["kind"], a["segments"]) for a in rec["actions"]][:1] == [("split", [1])]
+    finally:
+        await local_cluster.kubectl("delete", "-k", str(overlay), "--wait=false", check=False)
+        await admin.close()
+        store.close()
+
+
+def _owner_kind(obj: dict[str, Any]) -> str | None:
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return str(owners[0].get("kind")) if owners else None
+
+
+async def _pod_logs(cluster: ClusterNamespace) -> str:
+    result = await cluster.kubectl(
+        "logs", "-l", "app.kubernetes.io/name=scalable-topics-recommender", "--tail=40", check=False
+    )
+    return result.stdout + result.stderr
 
 
 def test_dry_run_without_a_cluster_infers_layouts(

@@ -1,24 +1,25 @@
-"""The recommender's status writes against the embedded API server: CAS, retry, no-op, 404."""
+"""The recommender's status writes against the real API server (a namespace of the session's
+control plane): CAS, retry, no-op, 404."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from pathlib import Path
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.resources import format_time
-from scalable_topics.localcluster.cluster import LocalCluster
 from scalable_topics.recommender.writer import TopicStore, WriteOutcome, WriteResult
+
+from .conftest import ClusterNamespace
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 NOW = 1_795_392_000.0
-NS = "default"
 
 
 def recommendation(computed_at: float, *, epoch: int = 0, segment: int = 1) -> dict[str, Any]:
@@ -41,27 +42,37 @@ def recommendation(computed_at: float, *, epoch: int = 0, segment: int = 1) -> d
     }
 
 
-def replace_status(store: TopicStore, name: str, obj: dict[str, Any]) -> dict[str, Any]:
+def replace_status(store: Store, name: str, obj: dict[str, Any]) -> dict[str, Any]:
     """A status write past the recommender's writer (set-up, or the leader's own writes)."""
-    result: dict[str, Any] = store.custom.replace_namespaced_custom_object_status(
-        "scalabletopics.io", "v1alpha1", NS, "scalabletopics", name, obj
+    result: dict[str, Any] = store.topics.custom.replace_namespaced_custom_object_status(
+        "scalabletopics.io", "v1alpha1", store.namespace, "scalabletopics", name, obj
     )
     return result
 
 
-async def make_topic(cluster: LocalCluster, store: TopicStore, name: str) -> dict[str, Any]:
-    await cluster.apply_file(REPO / "crds")
-    cluster.create(
-        {
-            "apiVersion": "scalabletopics.io/v1alpha1",
-            "kind": "ScalableTopic",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"initialSegments": 4},
-        }
-    )
+@dataclass
+class Store:
+    """The recommender's writer, connected as the cluster's admin, and the test's namespace."""
+
+    topics: TopicStore
+    namespace: str
+
+    def get_topic(self, name: str) -> dict[str, Any] | None:
+        return self.topics.get_topic(self.namespace, name)
+
+
+async def make_topic(cluster: ClusterNamespace, store: Store, name: str) -> dict[str, Any]:
+    await cluster.apply_crds()
+    topic = {
+        "apiVersion": "scalabletopics.io/v1alpha1",
+        "kind": "ScalableTopic",
+        "metadata": {"name": name},
+        "spec": {"initialSegments": 4},
+    }
+    await cluster.kubectl("create", "-f", "-", input=json.dumps(topic))
 
     def set_layout() -> dict[str, Any]:
-        obj = store.get_topic(NS, name)
+        obj = store.get_topic(name)
         assert obj is not None
         obj["status"] = {"layout": SegmentLayout.initial(4).to_metadata(), "epoch": 0}
         return replace_status(store, name, obj)
@@ -69,14 +80,14 @@ async def make_topic(cluster: LocalCluster, store: TopicStore, name: str) -> dic
     return await asyncio.to_thread(set_layout)
 
 
-async def read_topic(store: TopicStore, name: str = "orders") -> dict[str, Any]:
-    obj = await asyncio.to_thread(store.get_topic, NS, name)
+async def read_topic(store: Store, name: str = "orders") -> dict[str, Any]:
+    obj = await asyncio.to_thread(store.get_topic, name)
     assert obj is not None
     return obj
 
 
 async def write(
-    store: TopicStore,
+    store: Store,
     at: float = NOW,
     *,
     name: str = "orders",
@@ -84,8 +95,8 @@ async def write(
 ) -> WriteOutcome:
     """``recommendation(at)`` written at ``at`` with a 300 s refresh."""
     return await asyncio.to_thread(
-        store.write_recommendation,
-        NS,
+        store.topics.write_recommendation,
+        store.namespace,
         name,
         recommendation(at),
         now=at,
@@ -95,14 +106,14 @@ async def write(
 
 
 @pytest.fixture
-async def store(local_cluster: LocalCluster) -> Any:
-    store = await asyncio.to_thread(TopicStore.connect, str(local_cluster.kubeconfig))
-    yield store
-    store.close()
+def store(local_cluster: ClusterNamespace) -> Iterator[Store]:
+    topics = TopicStore.connect(str(local_cluster.kubeconfig))
+    yield Store(topics, local_cluster.namespace)
+    topics.close()
 
 
 async def test_write_then_unchanged_is_not_rewritten(
-    local_cluster: LocalCluster, store: TopicStore
+    local_cluster: ClusterNamespace, store: Store
 ) -> None:
     before = await make_topic(local_cluster, store, "orders")
     outcome = await write(store)
@@ -127,10 +138,10 @@ async def test_write_then_unchanged_is_not_rewritten(
 
 
 async def test_concurrent_status_change_causes_409_and_a_retry(
-    local_cluster: LocalCluster, store: TopicStore
+    local_cluster: ClusterNamespace, store: Store
 ) -> None:
     await make_topic(local_cluster, store, "orders")
-    other = TopicStore.connect(str(local_cluster.kubeconfig))
+    other = Store(TopicStore.connect(str(local_cluster.kubeconfig)), store.namespace)
     reads: list[str] = []
 
     def concurrent_change(obj: dict[str, Any]) -> None:
@@ -138,7 +149,7 @@ async def test_concurrent_status_change_causes_409_and_a_retry(
         if len(reads) > 1:
             return
         # Another writer (the leader) changes the status between our read and our write.
-        fresh = other.get_topic(NS, "orders")
+        fresh = other.get_topic("orders")
         assert fresh is not None
         fresh["status"]["activeSegments"] = 4
         replace_status(other, "orders", fresh)
@@ -146,7 +157,7 @@ async def test_concurrent_status_change_causes_409_and_a_retry(
     try:
         outcome = await write(store, after_read=concurrent_change)
     finally:
-        other.close()
+        other.topics.close()
     assert outcome.result is WriteResult.WRITTEN and outcome.conflicts == 1
     assert len(reads) == 2 and reads[0] != reads[1]
     obj = await read_topic(store)
@@ -156,12 +167,12 @@ async def test_concurrent_status_change_causes_409_and_a_retry(
 
 
 async def test_layout_change_between_read_and_write_makes_it_stale(
-    local_cluster: LocalCluster, store: TopicStore
+    local_cluster: ClusterNamespace, store: Store
 ) -> None:
     await make_topic(local_cluster, store, "orders")
 
     def split_meanwhile(obj: dict[str, Any]) -> None:
-        fresh = store.get_topic(NS, "orders")
+        fresh = store.get_topic("orders")
         assert fresh is not None
         if fresh["status"]["layout"]["epoch"] != 0:
             return
@@ -174,14 +185,14 @@ async def test_layout_change_between_read_and_write_makes_it_stale(
     assert "recommendation" not in obj["status"]
 
 
-async def test_vanished_topics_are_skipped(local_cluster: LocalCluster, store: TopicStore) -> None:
+async def test_vanished_topics_are_skipped(local_cluster: ClusterNamespace, store: Store) -> None:
     await make_topic(local_cluster, store, "orders")
     missing = await write(store, name="nope")
     assert missing.result is WriteResult.VANISHED
 
     def delete_meanwhile(obj: dict[str, Any]) -> None:
-        store.custom.delete_namespaced_custom_object(
-            "scalabletopics.io", "v1alpha1", NS, "scalabletopics", "orders"
+        store.topics.custom.delete_namespaced_custom_object(
+            "scalabletopics.io", "v1alpha1", store.namespace, "scalabletopics", "orders"
         )
 
     deleted = await write(store, after_read=delete_meanwhile)

@@ -93,14 +93,21 @@ class TopicStore:
     @classmethod
     def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> TopicStore:
         """``kubeconfig`` if given, else in-cluster config when running in a pod, else the
-        default kubeconfig (``KUBECONFIG``/``~/.kube/config``)."""
+        default kubeconfig (``KUBECONFIG``/``~/.kube/config``).
+
+        A pod of the local cluster is a process whose ServiceAccount files are not where
+        in-cluster config looks; its kubelet hands it a ``KUBECONFIG`` naming them instead, so
+        in-cluster config that finds no token falls back to the kubeconfig."""
         import os
 
         from kubernetes import client, config
 
         if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-            return cls(client.ApiClient())
+            try:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
+                return cls(client.ApiClient())
+            except config.ConfigException:
+                pass
         configuration = client.Configuration()
         config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=kubeconfig, context=context, client_configuration=configuration
