@@ -1,14 +1,23 @@
-"""The operator's integration stack: the embedded control plane with its kubelet, the CRDs, and
-``manifests/overlays/local`` applied with the real ``kubectl`` — three broker pods
-(StatefulSet ``segment-broker``) and the operator Deployment run as real local processes.
+"""The operator's integration stack on the real control plane: etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler (``localcluster.controlplane.ControlPlane``), our
+kubelet as its one node (``localcluster.nodekubelet.NodeKubelet``) and the claim provisioner,
+the CRDs, and ``manifests/overlays/local`` applied with the pinned ``kubectl`` — three broker
+pods (StatefulSet ``segment-broker``) and the operator Deployment run as local processes, each
+under its own ServiceAccount, authorized by the Roles of ``manifests/`` through real RBAC.
+
+Each stack gets a control plane of its own (a module-scoped fixture in each test module): the
+operator is cluster-scoped (CRDs, ClusterRoles, cluster-wide watches of topics and pods), so two
+stacks in one cluster would see each other's topics and brokers.
 
 Operator processes can also be started directly (:meth:`Stack.start_operator`), e.g. with the
-``SCALABLE_TOPICS_FAULT`` hook of ``controller/protocol.py``; they are real processes too.
+``SCALABLE_TOPICS_FAULT`` hook of ``controller/protocol.py``; they are real processes too, and
+authenticate with a token of the operator's ServiceAccount, so RBAC applies to them as well.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -23,9 +32,16 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from scalable_topics.localcluster.cluster import LocalCluster
-from scalable_topics.localcluster.kubelet import Kubelet
-from scalable_topics.localcluster.restclient import PODS, ApiError, Resource, RestClient
+from scalable_topics.localcluster.controlplane import ControlPlane, kube_binary
+from scalable_topics.localcluster.nodekubelet import NodeKubelet
+from scalable_topics.localcluster.provisioner import ClaimProvisioner
+from scalable_topics.localcluster.restclient import (
+    PODS,
+    ApiError,
+    Resource,
+    RestClient,
+    client_from_kubeconfig,
+)
 from segment_broker.testing import free_port
 
 from .conftest import KubectlResult, run_kubectl
@@ -44,6 +60,9 @@ LEASES = Resource("coordination.k8s.io", "v1", "leases")
 EVENTS = Resource("", "v1", "events")
 DEPLOYMENTS = Resource("apps", "v1", "deployments")
 SHARD_LEASE = "scalable-topics-shard-0"
+SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts")
+OPERATOR_SERVICE_ACCOUNT = "scalable-topics-operator"
+NODE_NAME = "local"
 
 
 async def eventually(
@@ -93,12 +112,14 @@ class OperatorProcess:
 
 @dataclass
 class Stack:
-    cluster: LocalCluster
-    kubelet: Kubelet
+    cluster: ControlPlane
+    kubelet: NodeKubelet
     api: RestClient
     http: aiohttp.ClientSession
     data_dir: Path
     broker_port: int
+    kube: Path
+    """The multi-call binary: ``(kube, "kubectl")`` is the kubectl of the server's release."""
     operators: list[OperatorProcess] = field(default_factory=list)
 
     # -- kubectl and the API -------------------------------------------------------------------
@@ -106,7 +127,14 @@ class Stack:
     async def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, within: float = 60
     ) -> KubectlResult:
-        return await run_kubectl(self.cluster, *args, input=input, check=check, within=within)
+        return await run_kubectl(
+            self.cluster,
+            *args,
+            input=input,
+            check=check,
+            within=within,
+            kubectl=(str(self.kube), "kubectl"),
+        )
 
     async def topic(self, name: str, namespace: str = "default") -> JsonObj | None:
         return await self.api.get_or_none(TOPICS, namespace, name)
@@ -194,7 +222,8 @@ class Stack:
     ) -> OperatorProcess:
         port = free_port()
         log_path = self.data_dir / f"operator-{identity}.log"
-        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        kubeconfig = await self.operator_kubeconfig()
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
         env.pop("SCALABLE_TOPICS_FAULT", None)
         if fault:
             env["SCALABLE_TOPICS_FAULT"] = fault
@@ -204,7 +233,7 @@ class Stack:
                 "-m",
                 "scalable_topics.controller",
                 "--kubeconfig",
-                str(self.cluster.kubeconfig),
+                str(kubeconfig),
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -230,6 +259,38 @@ class Stack:
         op = OperatorProcess(proc, identity, f"http://127.0.0.1:{port}", log_path)
         self.operators.append(op)
         return op
+
+    async def operator_kubeconfig(self) -> Path:
+        """A kubeconfig with a token of the operator's ServiceAccount (TokenRequest, one hour),
+        so an operator started by the test has exactly the rights of the operator's pods."""
+        path = self.data_dir / "operator.kubeconfig"
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600},
+        }
+        review = await self.api.request(
+            "POST",
+            SERVICE_ACCOUNTS.path(NAMESPACE, OPERATOR_SERVICE_ACCOUNT, "token"),
+            body=request,
+        )
+        ca = base64.b64encode(self.cluster.ca_path.read_bytes()).decode()
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {"server": self.cluster.url, "certificate-authority-data": ca},
+                }
+            ],
+            "users": [{"name": "operator", "user": {"token": review["status"]["token"]}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "operator"}}],
+            "current-context": "local",
+        }
+        path.touch(mode=0o600)
+        path.write_text(json.dumps(config))
+        return path
 
     async def stop_operators(self) -> None:
         for op in self.operators:
@@ -324,10 +385,17 @@ def topic_body(name: str, *, segments: int = 2, **spec: Any) -> JsonObj:
     }
 
 
-def write_overlay(directory: Path, broker_port: int, operator_port: int) -> Path:
+def write_overlay(
+    directory: Path,
+    broker_port: int,
+    operator_port: int,
+    *,
+    operator_replicas: int = 2,
+    brokers: int = 3,
+) -> Path:
     """A kustomization on top of ``manifests/overlays/local`` that moves the ports (a second
     guard, besides each cluster's own loopback subnet, against test stacks running at the same
-    time colliding), and suspends the recommender CronJob."""
+    time colliding), sets the replica counts, and suspends the recommender CronJob."""
     directory.mkdir(parents=True, exist_ok=True)
     probe = {"httpGet": {"path": "/healthz", "port": broker_port}}
     broker = {
@@ -335,6 +403,7 @@ def write_overlay(directory: Path, broker_port: int, operator_port: int) -> Path
         "kind": "StatefulSet",
         "metadata": {"name": "segment-broker", "namespace": NAMESPACE},
         "spec": {
+            "replicas": brokers,
             "template": {
                 "spec": {
                     "containers": [
@@ -361,7 +430,7 @@ def write_overlay(directory: Path, broker_port: int, operator_port: int) -> Path
                         }
                     ]
                 }
-            }
+            },
         },
     }
     operator = {
@@ -369,6 +438,7 @@ def write_overlay(directory: Path, broker_port: int, operator_port: int) -> Path
         "kind": "Deployment",
         "metadata": {"name": OPERATOR_DEPLOYMENT, "namespace": NAMESPACE},
         "spec": {
+            "replicas": operator_replicas,
             "template": {
                 "spec": {
                     "containers": [
@@ -399,7 +469,7 @@ def write_overlay(directory: Path, broker_port: int, operator_port: int) -> Path
                         }
                     ]
                 }
-            }
+            },
         },
     }
     # The recommender's Spark job would start a JVM whenever a test spans a 10-minute mark.
@@ -433,61 +503,60 @@ def write_overlay(directory: Path, broker_port: int, operator_port: int) -> Path
 async def operator_stack(
     tmp_path: Path, *, operator_replicas: int = 2, brokers: int = 3
 ) -> AsyncIterator[Stack]:
-    """Cluster + kubelet, ``kubectl apply -f crds/`` and ``-k manifests/overlays/local``; waits
-    for the brokers and ``operator_replicas`` operator pods (0: none, tests start their own)."""
+    """A control plane of its own (see the module), the claim provisioner and one node
+    (kubelet with short restart back-off and grace), ``kubectl apply -f crds/`` and
+    ``-k manifests/overlays/local``; waits for the brokers and ``operator_replicas`` operator
+    pods (0: none, tests start their own)."""
     data_dir = tmp_path / "cluster"
-    async with LocalCluster(data_dir, kubelet=False) as cluster:
-        kubelet = Kubelet(
-            cluster.url,
-            cluster.token,
+    kube = await asyncio.to_thread(kube_binary)
+    async with contextlib.AsyncExitStack() as cleanup:
+        plane = ControlPlane(data_dir, binary=kube, stop_grace=5.0)
+        await plane.start()
+        cleanup.push_async_callback(plane.stop)
+        provisioner = ClaimProvisioner(
+            client_from_kubeconfig(plane.kubeconfig), data_dir, NODE_NAME
+        )
+        cleanup.push_async_callback(provisioner.client.close)
+        await provisioner.start()
+        cleanup.push_async_callback(provisioner.stop)
+        kubelet = NodeKubelet.for_control_plane(
+            plane,
             data_dir,
-            cluster.kubeconfig,
+            NODE_NAME,
             backoff_base=0.5,
             backoff_cap=2.0,
             stop_grace=5.0,
-            resync_seconds=5.0,
         )
         await kubelet.start()
-        api = RestClient(cluster.url, cluster.token)
+        cleanup.push_async_callback(kubelet.stop)
+        api = client_from_kubeconfig(plane.kubeconfig)
+        cleanup.push_async_callback(api.close)
         http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15))
+        cleanup.push_async_callback(http.close)
         broker_port = random.randint(20000, 32000)
-        stack = Stack(cluster, kubelet, api, http, data_dir, broker_port)
-        try:
-            await stack.kubectl("apply", "-f", str(REPO / "crds"))
-            await stack.kubectl(
-                "wait", "--for=condition=Established", "crd", "--all", "--timeout=30s"
-            )
-            # = kubectl apply -k manifests/overlays/local, on ports of this stack's own
-            overlay = write_overlay(tmp_path / "overlay", broker_port, broker_port + 1)
-            await stack.kubectl("apply", "-k", str(overlay))
-            await api.patch(
-                DEPLOYMENTS,
-                NAMESPACE,
-                OPERATOR_DEPLOYMENT,
-                {"spec": {"replicas": operator_replicas}},
-            )
-            if brokers != 3:
-                await api.patch(
-                    Resource("apps", "v1", "statefulsets"),
-                    NAMESPACE,
-                    "segment-broker",
-                    {"spec": {"replicas": brokers}},
-                )
+        stack = Stack(plane, kubelet, api, http, data_dir, broker_port, kube)
+        cleanup.push_async_callback(stack.stop_operators)
+        await stack.kubectl("apply", "-f", str(REPO / "crds"))
+        await stack.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        # = kubectl apply -k manifests/overlays/local, on ports of this stack's own
+        overlay = write_overlay(
+            tmp_path / "overlay",
+            broker_port,
+            broker_port + 1,
+            operator_replicas=operator_replicas,
+            brokers=brokers,
+        )
+        await stack.kubectl("apply", "-k", str(overlay))
 
-            async def brokers_ready() -> bool:
-                return len(await stack.broker_urls()) == brokers
+        async def brokers_ready() -> bool:
+            return len(await stack.broker_urls()) == brokers
 
-            await eventually(brokers_ready, 120, f"{brokers} ready brokers")
-            if operator_replicas:
-                await stack.scale_operator(operator_replicas)
+        await eventually(brokers_ready, 120, f"{brokers} ready brokers")
+        if operator_replicas:
+            await stack.scale_operator(operator_replicas)
 
-                async def led() -> bool:
-                    return bool(await stack.leader())
+            async def led() -> bool:
+                return bool(await stack.leader())
 
-                await eventually(led, 60, "a shard leader")
-            yield stack
-        finally:
-            await stack.stop_operators()
-            await http.close()
-            await api.close()
-            await kubelet.stop()
+            await eventually(led, 60, "a shard leader")
+        yield stack
