@@ -28,8 +28,9 @@ phases then work every time. A topic already in its initial shape is reused.
 **Progress.** Every wait says what it waits for at least every ``PROGRESS_EVERY`` seconds, with
 the state it has reached, read from the real status (``demo_progress``).
 
-Ctrl-C ends it within 2 s at any point: clients get ``CLIENT_STOP_TIMEOUT`` to close, pods
-``DEFAULT_STOP_GRACE`` between SIGTERM and SIGKILL; a second Ctrl-C stops waiting for either.
+Ctrl-C ends it within 5 s at any point: clients get ``CLIENT_STOP_TIMEOUT`` to close, pods
+``DEFAULT_STOP_GRACE`` between SIGTERM and SIGKILL, then the control plane's four components
+stop in turn (~3 s); a second Ctrl-C stops waiting for the clients and pods.
 """
 
 from __future__ import annotations

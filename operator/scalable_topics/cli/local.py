@@ -30,7 +30,8 @@ from ..localcluster.datadir import (
 
 DEFAULT_STOP_GRACE = 0.5
 """Seconds the pods get between SIGTERM and SIGKILL when the control plane stops, so that
-Ctrl-C ends ``local up`` and the demo within 2 s (brokers and the operator are crash-safe)."""
+Ctrl-C ends ``local up`` and the demo within 5 s, the control plane's own stop included
+(brokers and the operator are crash-safe)."""
 
 
 def err(text: str) -> None:
