@@ -15,7 +15,6 @@ import contextlib
 import ipaddress
 import json
 import logging
-import os
 import secrets
 import shutil
 import time
@@ -333,9 +332,6 @@ class PodWorker:
         self._set_condition("Initialized", self.initialized)
         self._prepare_pod_dir()
         self.mark_changed()
-        if self.agent.bind_unscheduled:
-            node = self.agent.node_name
-            self.agent.event(self.pod, "Scheduled", f"Successfully assigned {self.name} to {node}")
 
     def _prepare_pod_dir(self) -> None:
         """A new pod (uid) taking a name starts with fresh logs and emptyDirs."""
@@ -588,13 +584,10 @@ class PodWorker:
                 "POD_NAMESPACE": self.namespace,
                 "PYTHONUNBUFFERED": "1",
             }
-            if self.agent.kubeconfig is not None:
-                extra["KUBECONFIG"] = str(self.agent.kubeconfig)
-            elif self.agent.api_url is not None:
-                extra.update(self._in_cluster_env(mounts))
-            # Under the real control plane the kubelet's own environment is scrubbed of
-            # KUBECONFIG, KUBERNETES_SERVICE_* and proxies, as the components' is.
-            base_env = os.environ if self.agent.api_url is None else component_env()
+            extra.update(self._in_cluster_env(mounts))
+            # The kubelet's own environment is scrubbed of KUBECONFIG, KUBERNETES_SERVICE_* and
+            # proxies, as the components' is.
+            base_env = component_env()
             cmd = container_command(container, env, mounts, extra, base_env)
         except PodSpecError as exc:
             raise ContainerConfigError(str(exc), exc.reason) from exc
@@ -627,7 +620,6 @@ class PodWorker:
         kubeconfig pointing at that token (``tokenFile``) and CA. Clients that try in-cluster
         configuration first fall back to it; the identity is the Pod's ServiceAccount.
         """
-        assert self.agent.api_url is not None
         url = urlsplit(self.agent.api_url)
         port = str(url.port or 443)
         env = {
@@ -1002,14 +994,10 @@ def _port(container: JsonObj, port: Any) -> int:
 
 
 class NodeAgent:
-    """Watches Pods, runs those bound to (or schedulable on) node ``node_name``.
+    """Watches Pods and runs those the scheduler bound to node ``node_name``.
 
-    ``bind_unscheduled``: the imitation API server has no scheduler, so the agent binds every
-    Pod without a node to itself; under the real scheduler it only runs Pods bound to it.
-    ``kubeconfig`` (when given) is handed to the containers as ``KUBECONFIG``; under the real
-    control plane Pods get ServiceAccount tokens instead, never the node's own credentials,
-    and ``api_url`` (the API server's address) as their in-cluster API server
-    (``PodWorker._in_cluster_env``).
+    Pods get ServiceAccount tokens, never the node's own credentials, and ``api_url`` (the API
+    server's address) as their in-cluster API server (``PodWorker._in_cluster_env``).
     """
 
     def __init__(
@@ -1017,23 +1005,19 @@ class NodeAgent:
         client: RestClient,
         pods: Informer,
         data_dir: Path,
-        kubeconfig: Path | None,
         *,
+        api_url: str,
         backoff: BackOff,
         stop_grace: float = 10.0,
         node_name: str = NODE_NAME,
-        bind_unscheduled: bool = True,
         token_refresh_fraction: float = 0.8,
-        api_url: str | None = None,
     ) -> None:
         self.client = client
         self.api_url = api_url
         self.node_name = node_name
-        self.bind_unscheduled = bind_unscheduled
         self.token_refresh_fraction = token_refresh_fraction
         self.pods = pods
         self.layout = PodLayout(data_dir)
-        self.kubeconfig = kubeconfig
         self.backoff = backoff
         self.stop_grace = stop_grace
         self.ips = IPAllocator(data_dir / "kubelet" / "pod-ips.json")
@@ -1101,9 +1085,7 @@ class NodeAgent:
             self._finished_uids.add(uid)
             return
         if not node:
-            if not self.bind_unscheduled:
-                return
-            self._spawn(self._bind(pod), f"bind:{meta.get('name')}")
+            return
         worker = PodWorker(self, pod)
         self.workers[uid] = worker
         worker.start()
@@ -1149,27 +1131,6 @@ class NodeAgent:
     def _release_ip(self, pod: JsonObj) -> None:
         self.ips.release(_pod_key(pod))
 
-    async def _bind(self, pod: JsonObj) -> None:
-        meta = pod["metadata"]
-        ns, name = meta.get("namespace", "default"), meta["name"]
-        try:
-            await self.client.patch(PODS, ns, name, {"spec": {"nodeName": self.node_name}})
-        except ApiError as exc:
-            if exc.status == 404:
-                return
-            binding = {
-                "apiVersion": "v1",
-                "kind": "Binding",
-                "metadata": {"name": name, "namespace": ns},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name},
-            }
-            try:
-                await self.client.request("POST", PODS.path(ns, name, "binding"), body=binding)
-            except ApiError as exc2:
-                log.warning("pod %s/%s: could not bind to %s: %s", ns, name, self.node_name, exc2)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("pod %s/%s: could not bind: %s", ns, name, exc)
-
     def event(self, obj: JsonObj, reason: str, message: str, *, warning: bool = False) -> None:
         """Record a core/v1 Event about ``obj`` (best effort, in the background)."""
         if not self._events_enabled:
@@ -1177,47 +1138,6 @@ class NodeAgent:
         self._spawn(
             post_event(self.client, obj, reason, message, warning, "kubelet"), f"event:{reason}"
         )
-
-    async def register_node(self) -> None:
-        now = rfc3339()
-        node = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": self.node_name,
-                "labels": {
-                    "kubernetes.io/hostname": self.node_name,
-                    "kubernetes.io/os": "linux",
-                    "node-role.kubernetes.io/control-plane": "",
-                },
-            },
-        }
-        status = {
-            "addresses": [
-                {"type": "InternalIP", "address": HOST_IP},
-                {"type": "Hostname", "address": self.node_name},
-            ],
-            "capacity": {"cpu": str(os.cpu_count() or 1), "pods": "253"},
-            "allocatable": {"cpu": str(os.cpu_count() or 1), "pods": "253"},
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "KubeletReady",
-                    "message": "local kubelet is posting ready status",
-                    "lastHeartbeatTime": now,
-                    "lastTransitionTime": now,
-                }
-            ],
-            "nodeInfo": {"kubeletVersion": "local", "operatingSystem": "linux", "architecture": ""},
-        }
-        try:
-            existing = await self.client.get_or_none(NODES, None, self.node_name)
-            if existing is None:
-                await self.client.create(NODES, None, node)
-            await self.client.patch_status(NODES, None, self.node_name, status)
-        except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
-            log.info("could not register node %s: %s", self.node_name, exc)
 
     async def stop(self) -> None:
         """Kill every process of every pod; returns when all are gone."""
@@ -1241,80 +1161,3 @@ class NodeAgent:
         await asyncio.gather(*pending, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
-
-
-Clock = Callable[[], datetime]
-
-
-class Kubelet:
-    """The embedded cluster's node agent plus controller-manager, talking to ``api_url``.
-
-    ``start()`` returns once the informers have synced; ``stop()`` kills every process it started
-    (SIGTERM, grace, SIGKILL) and returns when they are gone. Keyword-only knobs exist for tests:
-    ``backoff_base`` (crash-loop back-off start, 10 s like the kubelet), ``clock`` (the CronJob
-    controller's notion of now) and ``stop_grace`` (cap on the grace period used by ``stop()``).
-    """
-
-    def __init__(
-        self,
-        api_url: str,
-        token: str,
-        data_dir: Path,
-        kubeconfig: Path,
-        *,
-        backoff_base: float = 10.0,
-        backoff_cap: float = 300.0,
-        clock: Clock | None = None,
-        stop_grace: float = 10.0,
-        resync_seconds: float = 30.0,
-    ) -> None:
-        self.api_url = api_url
-        self.data_dir = Path(data_dir)
-        self.kubeconfig = Path(kubeconfig)
-        self.client = RestClient(api_url, token)
-        self.pods = Informer(self.client, PODS)
-        self.agent = NodeAgent(
-            self.client,
-            self.pods,
-            self.data_dir,
-            self.kubeconfig,
-            backoff=BackOff(base=backoff_base, cap=backoff_cap),
-            stop_grace=stop_grace,
-        )
-        # Imported here: the real control plane's kubelet (nodekubelet.py) uses this module
-        # without the imitation's workload controllers.
-        from .workloads import ControllerManager
-
-        self.controllers = ControllerManager(
-            self.client,
-            self.pods,
-            clock=clock,
-            resync_seconds=resync_seconds,
-            job_backoff_base=backoff_base,
-        )
-        self._started = False
-
-    async def start(self) -> None:
-        if self._started:
-            return
-        self._started = True
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        await self.agent.register_node()
-        self.pods.start()
-        self.controllers.start()
-        await asyncio.wait_for(self.pods.synced.wait(), timeout=60)
-        async with asyncio.timeout(60):
-            await self.controllers.wait_synced()
-
-    async def stop(self) -> None:
-        if not self._started:
-            return
-        self._started = False
-        await self.controllers.stop()
-        await self.pods.stop()
-        await self.agent.stop()
-        await self.client.close()
-
-    async def sync_cronjobs(self) -> None:
-        """Run one CronJob scheduling pass now (tests use it with an injected clock)."""
-        await self.controllers.sync_cronjobs()

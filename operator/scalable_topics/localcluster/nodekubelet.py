@@ -130,13 +130,11 @@ class NodeKubelet:
             self.client,
             self.pods,
             self.data_dir,
-            None,
+            api_url=self.client.api_url,
             backoff=BackOff(base=backoff_base, cap=backoff_cap),
             stop_grace=stop_grace,
             node_name=node_name,
-            bind_unscheduled=False,
             token_refresh_fraction=token_refresh_fraction,
-            api_url=self.client.api_url,
         )
         self.ready_since = _time()
         self.lease_renewals = 0
