@@ -1,5 +1,6 @@
-"""The operator end to end on the embedded control plane: CRDs and ``manifests/overlays/local``
-applied with kubectl, three broker pods and two operator pods running as real processes.
+"""The operator end to end on the real control plane: CRDs and ``manifests/overlays/local``
+applied with kubectl, three broker pods and two operator pods running as real processes under
+their ServiceAccounts, authorized by the Roles of ``manifests/``.
 
 Create → Ready, manual split/merge/rejected request, invalid spec and its fix, auto-split under
 load, delete with the finalizer. One stack per module (start-up costs seconds); every test uses
@@ -25,6 +26,8 @@ from scalable_topics.core.layout import SegmentLayout
 
 from .conftest import metric_samples
 from .operator_harness import (
+    NAMESPACE,
+    OPERATOR_SERVICE_ACCOUNT,
     REPO,
     SEGMENTS,
     JsonObj,
@@ -502,3 +505,40 @@ async def test_subscriptions_follow_the_spec_on_every_live_segment(stack: Stack)
     await eventually(
         lambda: provisioned({"reports"}), 30, "the removed subscription gone from every segment"
     )
+
+
+async def test_the_operator_pods_have_exactly_the_rights_of_their_roles(stack: Stack) -> None:
+    """``kubectl auth can-i`` answers from the Roles of ``manifests/`` (real RBAC): the verbs
+    the operator uses, in any namespace for topics and only in its own for Leases, and not one
+    more; its pods run as that ServiceAccount."""
+    account = f"system:serviceaccount:{NAMESPACE}:{OPERATOR_SERVICE_ACCOUNT}"
+
+    async def can(verb: str, resource: str, namespace: str) -> str:
+        resource, _, subresource = resource.partition("/")
+        result = await stack.kubectl(
+            "auth", "can-i", verb, resource, f"--subresource={subresource}",
+            "--as", account, "-n", namespace, check=False,
+        )  # fmt: skip
+        return result.stdout.strip()
+
+    allowed = [
+        ("watch", "scalabletopics.scalabletopics.io", "team-a"),
+        ("update", "scalabletopics.scalabletopics.io/status", "team-a"),
+        ("create", "segments.scalabletopics.io", "default"),
+        ("patch", "segments.scalabletopics.io/status", "default"),
+        ("list", "pods", NAMESPACE),
+        ("update", "leases.coordination.k8s.io", NAMESPACE),
+        ("create", "events", "team-a"),
+    ]
+    refused = [
+        ("delete", "scalabletopics.scalabletopics.io", "default"),
+        ("update", "scalabletopics.scalabletopics.io", "default"),
+        ("update", "leases.coordination.k8s.io", "default"),
+        ("get", "secrets", NAMESPACE),
+        ("delete", "pods", NAMESPACE),
+    ]
+    assert [await can(*case) for case in allowed] == ["yes"] * len(allowed)
+    assert [await can(*case) for case in refused] == ["no"] * len(refused)
+    pods = await stack.ready_pods("app.kubernetes.io/name=scalable-topics-operator")
+    assert len(pods) == 2
+    assert {p["spec"]["serviceAccountName"] for p in pods} == {OPERATOR_SERVICE_ACCOUNT}
