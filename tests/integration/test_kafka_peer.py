@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import _kafka
+from bench import _kafka, rescale
+from tests.chaos.checker import Outcome, check
 
 
 def _installed() -> bool:
@@ -50,6 +51,20 @@ def test_kafka_starts_from_the_cache_takes_keyed_records_and_stops(tmp_path: Pat
         consumed = _kafka.parse_consumer_perf(_kafka.checked(run, "consume").stdout)
         assert consumed.records == 2000
         assert "Kafka Server started" in kafka.server.log_tail(10**6)
+
+        # Our keyed producer/consumer (bench/kafka/KeyedOrder.java) across a partition change.
+        mode = rescale.Mode(rate1=200.0, seconds1=1.5, seconds2=6.0, keys=16, drain=20.0)
+        keyed = rescale._kafka_run(kafka, mode, tmp_path, alter=True)
+        acked = [s for s in keyed.history.sends if s.outcome is Outcome.OK]
+        assert len(acked) == len(keyed.history.sends)
+        assert 200 * 1.5 + 800 * 6.0 - 2 <= len(acked) <= 200 * 1.5 + 800 * 6.0  # open loop
+        report = check(keyed.history).subscriptions[rescale.SUBSCRIPTION]
+        assert report.lost == 0
+        assert keyed.rescaled is not None
+        partitions = {s.segment for s in acked}
+        assert partitions <= {0, 1, 2, 3}
+        if keyed.rescaled[1] + 3.0 < mode.seconds1 + mode.seconds2:  # new partitions in time
+            assert partitions & {2, 3}
     finally:
         kafka.server.stop()
     assert not kafka.server.alive()
