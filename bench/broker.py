@@ -622,6 +622,61 @@ STEP_COLUMNS = [
 ]
 
 
+def _bottleneck(s: Step) -> str:
+    """Which side limits a step: a CPU at >= BOUND of a core, else the disk when our broker's
+    flushes are busy that share of the time, else neither CPU (disk or waiting)."""
+    sides = []
+    if s.server_cpu >= BOUND:
+        sides.append("server CPU")
+    if s.client_cpu >= BOUND:
+        sides.append("client CPU")
+    if s.server.get("fsyncBusy", 0.0) >= BOUND:
+        sides.append("disk (fsync)")
+    return " + ".join(sides) or "no CPU saturated (disk or waiting)"
+
+
+def _curve(section: Section, runs: list[SystemRun]) -> None:
+    rows: list[list[Cell]] = []
+    for payload in PAYLOADS:
+        for sr in runs:
+            pr = sr.runs.get(payload)
+            if pr is None:
+                continue
+            for s in sorted(
+                (s for s in pr.steps if s.result.offered), key=lambda s: s.result.offered or 0.0
+            ):
+                rows.append(
+                    [
+                        payload,
+                        sr.label,
+                        round(s.result.offered or 0.0),
+                        round(s.result.achieved),
+                        f"{(s.result.offered or 0.0) / pr.saturation:.0%}"
+                        if pr.saturation
+                        else None,
+                        _ms(s.result.p50_ms),
+                        _ms(s.result.p99_ms),
+                        f"{s.server_cpu:.0%} / {s.client_cpu:.0%}",
+                        _bottleneck(s),
+                    ]
+                )
+    section.table(
+        "Latency vs throughput (every open-loop step, offered load ascending per system)",
+        [
+            "payload B",
+            "system",
+            "offered msg/s",
+            "achieved msg/s",
+            "of saturation",
+            "p50 ms",
+            "p99 ms",
+            "CPU server / client",
+            "bottleneck",
+        ],
+        rows,
+    )
+
+
 def _describe(section: Section, runs: list[SystemRun]) -> None:
     summary: list[list[Cell]] = []
     for sr in runs:
@@ -711,6 +766,7 @@ def _describe(section: Section, runs: list[SystemRun]) -> None:
             ["system", "payload B", "messages", "p50 ms", "p99 ms", "p99.9 ms"],
             e2e,
         )
+    _curve(section, runs)
     for sr in runs:
         for payload, pr in sr.runs.items():
             rows = [_step_row(s, payload) for s in pr.probes + pr.steps]

@@ -196,3 +196,14 @@ def test_without_java_the_kafka_rows_say_why_and_the_run_goes_on(
     ]
     assert all("java not found" in str(row[1]) for row in table.rows)
     assert [s["unavailable"] for s in section.data["systems"]] == [True, True]
+
+
+def test_bottleneck_names_the_saturated_side() -> None:
+    from bench._load import StepResult
+    from bench.broker import Step, _bottleneck
+
+    result = StepResult(offered=1000.0, achieved=1000.0)
+    assert _bottleneck(Step("sweep", result, 0.9, 0.2)) == "server CPU"
+    assert _bottleneck(Step("sweep", result, 0.2, 0.95)) == "client CPU"
+    assert _bottleneck(Step("sweep", result, 0.3, 0.2, {"fsyncBusy": 0.9})) == "disk (fsync)"
+    assert _bottleneck(Step("sweep", result, 0.3, 0.2)).startswith("no CPU saturated")
