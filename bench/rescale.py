@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import subprocess
 import tempfile
 import threading
@@ -424,6 +425,7 @@ def run(report: Report, quick: bool) -> None:
         "rescale", "Keyed load that quadruples: our split vs Kafka's partition count"
     )
     runs: list[Run] = []
+    load = [os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="bench-rescale-") as tmp:
         base = Path(tmp)
         runs.append(asyncio.run(_ours_run(mode, base / "ours")))
@@ -438,7 +440,14 @@ def run(report: Report, quick: bool) -> None:
                 runs.append(_kafka_run(kafka, mode, base, alter=True))
             finally:
                 kafka.server.stop()
+    load.append(os.getloadavg())
     _describe(section, runs, mode)
+    section.data["loadAverage"] = [list(x) for x in load]
+    section.note(
+        "Load average "
+        + " -> ".join("/".join(f"{x:.2f}" for x in v) for v in load)
+        + " (start -> end; other work shares these 2 cores)."
+    )
     section.note(
         "Order is checked per key in delivery order by the chaos checker "
         "(`reordered`: deliveries of a value after a larger one of the same key; `lost`: "
