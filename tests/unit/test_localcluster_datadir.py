@@ -172,3 +172,45 @@ def test_reset_refuses_while_the_directory_is_held(tmp_path: Path) -> None:
     lock.release()
     reset(data)
     assert not data.exists()
+
+
+def test_reset_removes_the_real_control_plane_state(tmp_path: Path) -> None:
+    """The PKI, etcd's data, the logs, every kubeconfig, the kubectl link (not its target) and
+    the temporary files an interrupted start leaves; a user's look-alikes stay."""
+    data = tmp_path / "d"
+    lock = DataDirLock(data)
+    lock.acquire()
+    lock.release()
+    binary = tmp_path / "cache" / "kube"
+    binary.parent.mkdir()
+    binary.write_text("the multi-call binary")
+    for directory in ("pki", "etcd/member/wal", "logs", "flexvolume", "bin", ".pki.4242.tmp"):
+        (data / directory).mkdir(parents=True)
+    (data / "pki" / "ca.key").write_text("key")
+    (data / "logs" / "kube-apiserver.log").write_text("log")
+    (data / "bin" / "kubectl").symlink_to(binary)
+    for name in (
+        "kubeconfig",
+        "admin.kubeconfig",
+        "kube-controller-manager.kubeconfig",
+        "kube-scheduler.kubeconfig",
+        "node-local.kubeconfig",
+        "node-real-node.kubeconfig",
+        ".admin.kubeconfig.tmp",
+    ):
+        (data / name).write_text("x")
+    for mine in (".notes.tmp", "node-notes.txt", "kubeconfig.bak"):
+        (data / mine).write_text("mine")
+
+    result = reset(data)
+
+    assert {"pki", "etcd", "logs", "flexvolume", "bin", "node-real-node.kubeconfig"} <= set(
+        result.removed
+    )
+    assert sorted(p.name for p in data.iterdir()) == [
+        ".notes.tmp",
+        "kubeconfig.bak",
+        "node-notes.txt",
+    ]
+    assert result.kept == [".notes.tmp", "kubeconfig.bak", "node-notes.txt"]
+    assert binary.read_text() == "the multi-call binary"
