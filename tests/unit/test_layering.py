@@ -14,7 +14,12 @@ PACKAGES = {
     "scalable_topics": ROOT / "operator" / "scalable_topics",
     "segment_broker": ROOT / "broker-image" / "segment_broker",
 }
-SHARED_EDGES = {"scalable_topics.brokeradmin", "scalable_topics.kubeapi"}
+SHARED_EDGES = {
+    "scalable_topics.brokeradmin",
+    "scalable_topics.kubeapi",
+    "scalable_topics.kubeauth",
+    "scalable_topics.credentials",
+}
 """Wire clients every edge may use: the broker's admin HTTP API and the Kubernetes connection."""
 
 ALLOWED: dict[str, set[str]] = {
