@@ -1,18 +1,18 @@
-"""End to end on a real Kubernetes cluster where Scalable Topics is deployed (``make deploy``).
+"""End to end on a Kubernetes cluster where Scalable Topics is deployed, with ``kubectl`` only.
 
-Skipped unless ``SCALABLE_TOPICS_E2E_KUBECONFIG`` names a kubeconfig. Only ``kubectl`` is used,
-as a platform team would: the test needs no network path to pods, so it runs from a laptop or
-a CI runner outside the cluster. Everything happens in a fresh namespace that is deleted at the
-end. Proven here against the embedded control plane (``stopic local up`` + the local overlay):
+Only ``kubectl`` is used, as a platform team would: the test needs no network path to pods, so
+it runs from a laptop or a CI runner outside the cluster. Everything happens in a fresh namespace
+that is deleted at the end. The cluster is ``conftest.deployed_cluster``'s: inside ``make test``
+the local control plane (``stopic local up`` + ``kubectl apply`` of the CRDs and the local
+overlay); a cluster of your own (kind, k3d, a real one, with ``make deploy`` done) when
+``SCALABLE_TOPICS_E2E_KUBECONFIG`` names its kubeconfig:
 
-    SCALABLE_TOPICS_E2E_KUBECONFIG=/path/kubeconfig .venv/bin/pytest tests/e2e -m e2e
+    SCALABLE_TOPICS_E2E_KUBECONFIG=/path/kubeconfig .venv/bin/pytest tests/e2e
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import time
 import uuid
@@ -21,17 +21,16 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+from .conftest import TIMEOUT, DeployedCluster
 
-KUBECONFIG_ENV = "SCALABLE_TOPICS_E2E_KUBECONFIG"
-TIMEOUT = float(os.environ.get("SCALABLE_TOPICS_E2E_TIMEOUT", "180"))
+pytestmark = pytest.mark.e2e
 
 
 class Kubectl:
-    def __init__(self, kubeconfig: str, namespace: str) -> None:
+    def __init__(self, kubeconfig: str, namespace: str, binary: str) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
-        self.binary = shutil.which("kubectl") or "kubectl"
+        self.binary = binary
 
     def __call__(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         result = subprocess.run(
@@ -62,12 +61,9 @@ def eventually(what: str, probe: Callable[[], Any], within: float = TIMEOUT) -> 
 
 
 @pytest.fixture(scope="module")
-def kubectl() -> Iterator[Kubectl]:
-    kubeconfig = os.environ.get(KUBECONFIG_ENV)
-    if not kubeconfig:
-        pytest.skip(f"set {KUBECONFIG_ENV} to run against a real cluster")
+def kubectl(deployed_cluster: DeployedCluster) -> Iterator[Kubectl]:
     namespace = f"stopic-e2e-{uuid.uuid4().hex[:6]}"
-    run = Kubectl(kubeconfig, namespace)
+    run = Kubectl(str(deployed_cluster.kubeconfig), namespace, deployed_cluster.kubectl)
     run("create", "namespace", namespace)
     try:
         yield run
