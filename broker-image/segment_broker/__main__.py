@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .access import BrokerAccess
 from .config import BrokerConfig, parse_config
 from .corruption import CorruptionReporter
 from .load import HistoryWriter, LoadReporter, LoadTracker, SegmentRates, ThresholdReporter
@@ -45,6 +46,19 @@ async def _reporter(
     return _NoReporter(), None, nothing
 
 
+async def _access(config: BrokerConfig, metrics: BrokerMetrics) -> BrokerAccess | None:
+    if config.auth != "kubernetes":
+        log.warning("--auth none: produce, consume and admin are open to anyone (insecure)")
+        return None
+    from scalable_topics.kubeauth import KubernetesAuth
+
+    auth = await KubernetesAuth.connect(
+        config.kubeconfig, audiences=(config.auth_audience,), ttl=config.auth_ttl_s
+    )
+    admins = frozenset(a.strip() for a in config.admin_identities.split(",") if a.strip())
+    return BrokerAccess(auth, admins, metrics)
+
+
 async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
     metrics = BrokerMetrics()
     history = HistoryWriter(Path(config.load_history_dir)) if config.load_history_dir else None
@@ -56,10 +70,14 @@ async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
         window=max(60.0, config.load_interval_s),
         registry=metrics.registry,
     )
+    access = await _access(config, metrics)
     broker = Broker(
         config, metrics=metrics, tracker=tracker, corruption_reporter=corruption_reporter
     )
-    runner = web.AppRunner(broker.make_app(), access_log=None, handle_signals=False)
+    app = broker.make_app()
+    if access is not None:
+        access.protect(app)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     await site.start()
@@ -76,6 +94,8 @@ async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):
             await asyncio.wait_for(load_task, 5.0)
         await close_reporter()
+        if access is not None:
+            await access.auth.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,6 +26,10 @@ class BrokerConfig:
     max_frame_bytes: int = 32 * 1024 * 1024
     fence_wait_s: float = 5.0
     admin_token_file: str | None = None
+    auth: str = "none"
+    auth_audience: str = "scalabletopics.io"
+    admin_identities: str = ""
+    auth_ttl_s: float = 10.0
     load_history_dir: str | None = None
     load_interval_s: float = 10.0
     load_reporter: str = "none"
@@ -48,6 +52,10 @@ class BrokerConfig:
                 raise ValueError(f"{name} must be positive")
         if self.fence_wait_s < 0:
             raise ValueError("fence_wait_s must not be negative")
+        if self.auth not in ("none", "kubernetes"):
+            raise ValueError("auth must be 'none' or 'kubernetes'")
+        if self.auth_ttl_s < 0:
+            raise ValueError("auth_ttl_s must not be negative")
         if self.load_reporter not in ("none", "kubernetes"):
             raise ValueError("load_reporter must be 'none' or 'kubernetes'")
         if not 0 <= self.port <= 65535:
@@ -71,6 +79,14 @@ _HELP = {
     "whose parents are being sealed) waits for its activation before it is refused with "
     "SegmentNotWritable",
     "admin_token_file": "file with the bearer token required on /admin routes",
+    "auth": "'kubernetes': clients present a ServiceAccount token checked with TokenReview and "
+    "SubjectAccessReview (verbs produce/consume on scalabletopics), the admin API only for "
+    "--admin-identities; 'none' (default): anyone who reaches the port may do anything "
+    "(development only, insecure; docs/security.md)",
+    "auth_audience": "audience client tokens must be issued for",
+    "admin_identities": "comma-separated usernames allowed on /admin (e.g. "
+    "system:serviceaccount:scalable-topics:scalable-topics-operator)",
+    "auth_ttl_s": "seconds a token review or access decision is cached",
     "load_history_dir": "where the load history (JSON lines) is written; none when unset",
     "load_interval_s": "load sampling interval",
     "load_reporter": "'kubernetes': patch Segment.status.load when a rate moves by more than "
@@ -104,11 +120,12 @@ def parse_config(
             "max_frame_bytes": int,
             "load_interval_s": float,
             "fence_wait_s": float,
+            "auth_ttl_s": float,
         }.get(f.name, str)
         kwargs: dict[str, object] = {"type": kind, "default": None, "help": _HELP[f.name]}
         if f.name == "fsync":
             kwargs["choices"] = ["always", "interval"]
-        if f.name == "load_reporter":
+        if f.name in ("load_reporter", "auth"):
             kwargs["choices"] = ["none", "kubernetes"]
         parser.add_argument(flag, **kwargs)  # type: ignore[arg-type]
     ns = parser.parse_args(argv)
@@ -132,7 +149,7 @@ def parse_config(
 def _coerce(name: str, raw: str) -> object:
     if name == "uvloop":
         return raw.strip().lower() in ("1", "true", "yes", "on")
-    if name in ("load_interval_s", "fence_wait_s"):
+    if name in ("load_interval_s", "fence_wait_s", "auth_ttl_s"):
         return float(raw)
     if name in (
         "port",

@@ -162,6 +162,14 @@ class BrokerMetrics:
         )
         for outcome in ("opened", "refused"):
             self.fenced_handshakes.labels(outcome)
+        self.auth_refusals = Counter(
+            "segment_broker_auth_refusals_total",
+            "Requests and connections refused by --auth kubernetes, by code: Unauthenticated "
+            "(no, invalid, expired or wrong-audience token), Forbidden (RBAC), AuthUnavailable "
+            "(the API server could not be asked)",
+            ["code"],
+            registry=self.registry,
+        )
 
     def watch_segments(self, segments: Callable[[], Iterable[HostedSegment]]) -> None:
         self.registry.register(_SegmentCollector(segments))

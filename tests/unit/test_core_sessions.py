@@ -221,8 +221,12 @@ def test_server_messages_parse() -> None:
 
 
 def test_close_codes_and_paths() -> None:
-    application = [c for c in CloseCode if c not in (CloseCode.NORMAL, CloseCode.GOING_AWAY)]
+    standard = (CloseCode.NORMAL, CloseCode.GOING_AWAY, CloseCode.AUTH_UNAVAILABLE)
+    application = [c for c in CloseCode if c not in standard]
     assert all(4000 <= c <= 4999 for c in application)
     assert int(CloseCode.UNKNOWN_TOPIC) == 4404
+    # Refused credentials: the HTTP status + 4000, and 1013 "try again later".
+    assert (CloseCode.UNAUTHENTICATED, CloseCode.FORBIDDEN) == (4401, 4403)
+    assert CloseCode.AUTH_UNAVAILABLE == 1013
     assert dag_path("ns", "t") == "/v1/topics/ns/t/dag"
     assert consumers_path("ns", "t") == "/v1/topics/ns/t/consumers"

@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 
 from ..client import (
+    AccessDeniedError,
     ConsumerError,
     Message,
     MessageId,
@@ -38,6 +39,7 @@ from ..client import (
     StreamConsumer,
     TopicNotFoundError,
 )
+from ..credentials import TOKEN_FILE_ENV, CredentialsError, client_session
 from . import args as cli_args
 from .discovery import DEFAULT_OPERATOR_NAMESPACE, Target, find_operator
 from .errors import CliError, NotFoundError, UnreachableError, UsageError, stdout_gone
@@ -62,7 +64,11 @@ async def _connected(
     args: argparse.Namespace,
 ) -> AsyncIterator[tuple[aiohttp.ClientSession, Target]]:
     """The command's HTTP session and the operator found for ``args.topic``."""
-    async with aiohttp.ClientSession() as session:
+    try:
+        session = client_session(args.token_file)
+    except CredentialsError as exc:
+        raise UsageError(str(exc)) from None
+    async with session:
         target = await find_operator(
             session,
             namespace=args.namespace,
@@ -80,6 +86,8 @@ def sdk_error(exc: BaseException, what: str) -> CliError | None:
     """The CLI error for an SDK failure (``None``: not one the CLI knows)."""
     if isinstance(exc, TopicNotFoundError):
         return NotFoundError(f"{what}: {exc}")
+    if isinstance(exc, AccessDeniedError):
+        return CliError(f"{what}: access denied: {exc}")
     if isinstance(exc, ConsumerError):
         if exc.code in _NOT_FOUND_CODES:
             return NotFoundError(f"{what}: {exc}")
@@ -96,7 +104,7 @@ async def _start(what: str, url: str, start: Awaitable[Any]) -> None:
             f"{what}: not ready within {START_TIMEOUT:g}s (operator {url}; are the topic's "
             "controller and brokers reachable from here?)"
         ) from None
-    except (TopicNotFoundError, ConsumerError) as exc:
+    except (TopicNotFoundError, ConsumerError, AccessDeniedError) as exc:
         raise sdk_error(exc, what) or exc from None
 
 
@@ -485,6 +493,13 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="NS",
         help="namespace of the operator's Service, tried when status.controller.url does not "
         "answer (default: %(default)s)",
+    )
+    service.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="ServiceAccount token (audience scalabletopics.io) to present, re-read when it "
+        f"changes (default: ${TOKEN_FILE_ENV}, else the projected token at "
+        "/var/run/secrets/scalabletopics.io/serviceaccount/token when present; docs/security.md)",
     )
 
     produce = sub.add_parser(

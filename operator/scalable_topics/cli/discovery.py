@@ -68,6 +68,9 @@ async def probe(session: aiohttp.ClientSession, url: str, namespace: str, topic:
         ) as response:
             if response.status == 200:
                 return None
+            if response.status in (401, 403):
+                body = await response.json(content_type=None)
+                raise CliError(f"the operator at {url} refused access: {body.get('message')}")
             if response.status == 404:
                 raise NotFoundError(
                     f"the operator at {url} does not know topic {namespace}/{topic} "

@@ -15,10 +15,11 @@ from .consumers import (
 from .dag import DagWatcher, TopicNotFoundError
 from .model import Checkpoint, Message, MessageId
 from .producer import ProducerClosedError, ScalableTopicProducer
-from .segment import SegmentCorruptedError
+from .segment import AccessDeniedError, SegmentCorruptedError
 from .sync import SyncConsumer, SyncProducer
 
 __all__ = [
+    "AccessDeniedError",
     "Checkpoint",
     "CheckpointConsumer",
     "ConsumerClosedError",

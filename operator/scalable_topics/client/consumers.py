@@ -45,12 +45,14 @@ import aiohttp
 
 from scalable_topics.core import sessions as proto
 from scalable_topics.core import wire
+from scalable_topics.credentials import client_session
 
 from .dag import Backoff, DagWatcher, TopicNotFoundError, http_url, ws_url
 from .model import Checkpoint, Message, decode_key
 from .segment import (
     CLOSE_TIMEOUT,
     WS_TIMEOUT,
+    AccessDeniedError,
     AdminError,
     ConnectionClosedError,
     ReceivedEntry,
@@ -78,12 +80,16 @@ _FATAL_CODES = {
     proto.ErrorCode.SUPERSEDED,
     proto.ErrorCode.INVALID_SUBSCRIPTION,
     proto.ErrorCode.UNKNOWN_TOPIC,
+    proto.ErrorCode.UNAUTHENTICATED,
+    proto.ErrorCode.FORBIDDEN,
 }
 _FATAL_CLOSES = {
     proto.CloseCode.SUPERSEDED,
     proto.CloseCode.INVALID_SUBSCRIPTION,
     proto.CloseCode.UNKNOWN_TOPIC,
     proto.CloseCode.BAD_MESSAGE,
+    proto.CloseCode.UNAUTHENTICATED,
+    proto.CloseCode.FORBIDDEN,
 }
 _WAITING_CODES = {wire.ERR_CONSUMER_BUSY, wire.ERR_BUCKET_CONFLICT}
 """Attach refusals that only mean "the previous owner has not let go yet"."""
@@ -295,7 +301,7 @@ class _ConsumerBase:
 
     async def _start_watcher(self) -> DagWatcher:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = client_session()
         self._watcher = DagWatcher(
             self.service_url, self.namespace, self.topic, session=self._session
         )
@@ -555,6 +561,9 @@ class _ConsumerBase:
         except SegmentNotFoundError:
             with contextlib.suppress(TimeoutError):
                 await self._watcher.wait_update(backoff.delay())
+            return None
+        except AccessDeniedError as exc:
+            self._fail(ConsumerError(exc.code, str(exc)))
             return None
         except SegmentError as exc:
             if exc.code == wire.ERR_SUBSCRIPTION_NOT_FOUND and self._sealed(reader.segment_id):

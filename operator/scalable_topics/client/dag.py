@@ -31,8 +31,9 @@ from scalable_topics.core.sessions import (
     dag_path,
     parse_server_message,
 )
+from scalable_topics.credentials import client_session
 
-from .segment import WS_TIMEOUT
+from .segment import WS_TIMEOUT, AccessDeniedError
 
 __all__ = ["TOPIC_GONE_AFTER", "Backoff", "DagWatcher", "TopicNotFoundError", "http_url", "ws_url"]
 
@@ -43,6 +44,9 @@ TOPIC_GONE_AFTER = 10.0
 """Seconds a topic the watcher had must stay unknown across reconnects before the watcher gives
 up on it (a replica that never had the topic may only be lagging; one that drops it while
 serving the watch saw it deleted, and that ends the watch at once)."""
+
+
+_DENIED = (ErrorCode.UNAUTHENTICATED, ErrorCode.FORBIDDEN)
 
 
 class TopicNotFoundError(Exception):
@@ -143,7 +147,7 @@ class DagWatcher:
         self._failure_listeners: list[FailureListener] = []
         self._changed = asyncio.Event()
         self._first = asyncio.Event()
-        self._fatal: TopicNotFoundError | None = None
+        self._fatal: TopicNotFoundError | AccessDeniedError | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.connected = False
@@ -170,15 +174,15 @@ class DagWatcher:
             self._listeners.remove(listener)
 
     @property
-    def failure(self) -> TopicNotFoundError | None:
-        """Why the watcher gave up (the topic is unknown or was deleted); ``None`` while it
-        runs."""
+    def failure(self) -> TopicNotFoundError | AccessDeniedError | None:
+        """Why the watcher gave up (the topic is unknown or was deleted, or the operator refused
+        the credentials); ``None`` while it runs."""
         return self._fatal
 
     def add_failure_listener(self, listener: FailureListener) -> None:
         """Call ``listener`` (on the event loop) when the watcher gives up on a topic it had
         (deleted); at once if it already has."""
-        if self._fatal is not None and self._dag is not None:
+        if isinstance(self._fatal, TopicNotFoundError) and self._dag is not None:
             listener(self._fatal)
         else:
             self._failure_listeners.append(listener)
@@ -186,7 +190,7 @@ class DagWatcher:
     async def start(self, within: float = 30.0) -> DagMessage:
         if self._task is None:
             if self._session is None:
-                self._session = aiohttp.ClientSession()
+                self._session = client_session()
             self._task = asyncio.create_task(self._run(), name=f"dag-watch-{self.topic}")
         async with asyncio.timeout(within):
             await self._first.wait()
@@ -259,6 +263,8 @@ class DagWatcher:
                             and message.code == ErrorCode.UNKNOWN_TOPIC
                         ):
                             raise TopicNotFoundError(message.message, deleted=served)
+                        elif isinstance(message, ErrorMessage) and message.code in _DENIED:
+                            raise AccessDeniedError(message.code.value, message.message)
                     if ws.close_code == CloseCode.UNKNOWN_TOPIC:
                         raise TopicNotFoundError(
                             f"topic {self.namespace}/{self.topic} "
@@ -269,6 +275,14 @@ class DagWatcher:
                 self.connected = False
                 if self._gone(exc):
                     return
+            except AccessDeniedError as exc:
+                # No retry helps until RBAC or the token changes: start() and wait_for() raise
+                # it; a watcher that had the DAG keeps its last one (docs/security.md).
+                log.warning("DAG watch of %s/%s refused: %s", self.namespace, self.topic, exc)
+                self._fatal = exc
+                self._first.set()
+                self._changed.set()
+                return
             except (aiohttp.ClientError, OSError, SessionProtocolError, TimeoutError) as exc:
                 log.debug("DAG watch of %s/%s dropped: %s", self.namespace, self.topic, exc)
             finally:

@@ -38,11 +38,13 @@ import aiohttp
 from scalable_topics.core import wire
 from scalable_topics.core.hashing import key_hash
 from scalable_topics.core.sessions import DagMessage
+from scalable_topics.credentials import client_session
 
 from .dag import Backoff, DagWatcher, TopicNotFoundError
 from .model import MessageId
 from .routing import RoutingTable, SuccessorInfo, plan_entries
 from .segment import (
+    AccessDeniedError,
     ConnectionClosedError,
     EntryAck,
     EntryRejectedError,
@@ -202,7 +204,7 @@ class ScalableTopicProducer:
         if self._started:
             return self
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = client_session()
             self._watcher = DagWatcher(
                 self._watcher.service_url, self.namespace, self.topic, session=self._session
             )
@@ -377,6 +379,14 @@ class ScalableTopicProducer:
                 continue
             except SegmentCorruptedError as exc:
                 self._corrupted(link, exc)
+                return
+            except AccessDeniedError as exc:
+                # Like a quarantined segment: no retry helps until RBAC or the token changes, so
+                # the messages fail with the broker's reason; a later send tries again.
+                log.error("segment %d: %s", link.segment_id, exc)
+                self._fail_link(link, exc)
+                if self._links.get(link.segment_id) is link:
+                    del self._links[link.segment_id]
                 return
             except (aiohttp.ClientError, OSError, ConnectionClosedError, TimeoutError) as exc:
                 log.debug("segment %d: connect to %s failed: %s", link.segment_id, url, exc)

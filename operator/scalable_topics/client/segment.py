@@ -29,13 +29,15 @@ from typing import Any
 import aiohttp
 
 from scalable_topics.brokeradmin import AdminError, SegmentAdmin
-from scalable_topics.core import wire
+from scalable_topics.core import auth, wire
 from scalable_topics.core.hashing import bucket_hash
 from scalable_topics.core.wire import EntryHeader, Message
+from scalable_topics.credentials import client_session
 
 __all__ = [
     "CLOSE_TIMEOUT",
     "WS_TIMEOUT",
+    "AccessDeniedError",
     "AdminError",
     "ConnectionClosedError",
     "EntryAck",
@@ -145,6 +147,13 @@ class ProtocolError(SegmentError):
     pass
 
 
+class AccessDeniedError(SegmentError):
+    """The server refused the credentials: ``Unauthenticated`` (no token, or one that is
+    invalid, expired or for another audience) or ``Forbidden`` (RBAC does not grant the verb;
+    the message names it). Retrying does not help until the token or the RoleBindings change
+    (docs/security.md)."""
+
+
 class EntryRejectedError(SegmentError):
     def __init__(self, sequence_id: int, code: str, message: str) -> None:
         super().__init__(code, message)
@@ -154,6 +163,11 @@ class EntryRejectedError(SegmentError):
 def _error_from(body: Mapping[str, Any], close_code: int | None) -> SegmentError:
     code = str(body.get("code", "Closed"))
     message = str(body.get("message", f"closed with code {close_code}"))
+    if code in (auth.ERR_UNAUTHENTICATED, auth.ERR_FORBIDDEN) or close_code in (
+        auth.CLOSE_UNAUTHENTICATED,
+        auth.CLOSE_FORBIDDEN,
+    ):
+        return AccessDeniedError(code, message)
     if code == wire.ERR_SEGMENT_NOT_FOUND or close_code == wire.CLOSE_SEGMENT_NOT_FOUND:
         return SegmentNotFoundError(code, message)
     if code == wire.ERR_PROTOCOL or close_code == wire.CLOSE_PROTOCOL_ERROR:
@@ -200,7 +214,7 @@ class _Session:
 
     def __init__(self, session: aiohttp.ClientSession | None) -> None:
         self.owned = session is None
-        self.session = session or aiohttp.ClientSession()
+        self.session = session or client_session()
 
     async def close(self) -> None:
         if self.owned:

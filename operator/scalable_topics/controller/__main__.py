@@ -7,7 +7,6 @@ import asyncio
 import os
 import signal
 import socket
-from pathlib import Path
 
 from ..core.logfmt import configure
 from .app import Controller, ControllerSettings
@@ -39,7 +38,24 @@ def parse_args(argv: list[str] | None = None) -> ControllerSettings:
     )
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--kubeconfig", default=None)
-    parser.add_argument("--broker-token-file", type=Path, default=None)
+    parser.add_argument(
+        "--broker-token-file",
+        default=os.environ.get("SCALABLE_TOPICS_TOKEN_FILE") or None,
+        help="bearer token for the brokers' admin API, re-read when it changes (default "
+        "$SCALABLE_TOPICS_TOKEN_FILE: the projected ServiceAccount token of audience "
+        "scalabletopics.io)",
+    )
+    parser.add_argument(
+        "--auth",
+        choices=("none", "kubernetes"),
+        default=os.environ.get("SCALABLE_TOPICS_AUTH") or "none",
+        help="'kubernetes': DAG watch and consumer sessions need a ServiceAccount token and "
+        "RBAC verbs get/consume on the topic; 'none': open to anyone (development only, "
+        "insecure). Default $SCALABLE_TOPICS_AUTH or none (docs/security.md)",
+    )
+    parser.add_argument(
+        "--auth-ttl", type=float, default=10.0, help="seconds a token or RBAC decision is cached"
+    )
     parser.add_argument("--lease-duration", type=float, default=15.0)
     parser.add_argument("--renew-deadline", type=float, default=10.0)
     parser.add_argument("--retry-period", type=float, default=2.0)
@@ -65,7 +81,6 @@ def parse_args(argv: list[str] | None = None) -> ControllerSettings:
     except ValueError as exc:
         parser.error(str(exc))
     configure(args.log_level, args.log_format)
-    token = args.broker_token_file.read_text().strip() if args.broker_token_file else None
     return ControllerSettings(
         host=args.host,
         port=args.port,
@@ -76,7 +91,9 @@ def parse_args(argv: list[str] | None = None) -> ControllerSettings:
         broker_port=args.broker_port,
         workers=args.workers,
         kubeconfig=args.kubeconfig,
-        broker_token=token,
+        broker_token_file=args.broker_token_file,
+        auth=args.auth,
+        auth_ttl=args.auth_ttl,
         timings=ElectionTimings(args.lease_duration, args.renew_deadline, args.retry_period),
         resync_interval=args.resync_interval,
         recommendation_freshness=args.recommendation_freshness,

@@ -32,7 +32,9 @@ from ..core.resources import (
     parse_time,
     parse_topic_spec,
 )
+from ..kubeauth import KubernetesAuth
 from . import metrics
+from .access import SessionAccess
 from .autoscale import AutoScaler
 from .brokers import BrokerAdmin
 from .cache import TopicCache, layout_of
@@ -64,6 +66,12 @@ class ControllerSettings:
     broker_label: tuple[str, str] = ("app.kubernetes.io/name", "segment-broker")
     broker_port: int = 8080
     broker_token: str | None = None
+    broker_token_file: str | None = None
+    """A file with the bearer token for the brokers' admin API, re-read when rotated (the
+    projected ServiceAccount token of audience scalabletopics.io); wins over ``broker_token``."""
+    auth: str = "none"
+    """'kubernetes': DAG watch and consumer sessions need a token and RBAC (controller.access)."""
+    auth_ttl: float = 10.0
     kubeconfig: str | None = None
     timings: ElectionTimings = field(default_factory=ElectionTimings)
     workers: int = 8
@@ -115,7 +123,10 @@ class Controller:
         )
         self.cache.on_broker_change = self._brokers_changed
         metrics.OPERATIONS_IN_PROGRESS.source = self._operations_in_progress
-        self.brokers = BrokerAdmin(token=s.broker_token)
+        self.brokers = BrokerAdmin(token=s.broker_token, token_file=s.broker_token_file)
+        self.access: SessionAccess | None = None
+        if s.auth == "kubernetes":
+            self.access = SessionAccess(await KubernetesAuth.connect(s.kubeconfig, ttl=s.auth_ttl))
         self.autoscaler: AutoScaler | None = None
         self.hub = ConsumerHub(
             persist=self._persist_subscription, on_consumers_changed=self._consumers_changed
@@ -414,6 +425,10 @@ class Controller:
             ready=self._ready,
             liveness=self._liveness,
         )
+        if self.access is not None:
+            self.access.protect(web_app)
+        else:
+            log.warning("--auth none: DAG watch and consumer sessions are open to anyone")
         runner = web.AppRunner(web_app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.settings.host, self.settings.port)
@@ -462,6 +477,8 @@ class Controller:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(kopf_task, 10)
             await self.brokers.close()
+            if self.access is not None:
+                await self.access.auth.close()
             await self.kube.close()
 
     def _take_signals(self) -> None:

@@ -13,6 +13,7 @@ import aiohttp
 
 from ..brokeradmin import AdminError, SegmentAdmin
 from ..core.layout import HashRange
+from ..credentials import TokenFile, client_session
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +59,22 @@ class BrokerAdmin:
     """Admin clients of the broker pods (``scalable_topics.brokeradmin``), sharing one HTTP
     session and the bearer token."""
 
-    def __init__(self, *, token: str | None = None, timeout: float = 10.0) -> None:
+    def __init__(
+        self, *, token: str | None = None, token_file: str | None = None, timeout: float = 10.0
+    ) -> None:
         self._token = token
+        self._token_file = TokenFile(token_file) if token_file else None
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
         self._clients: dict[str, SegmentAdmin] = {}
 
     def at(self, url: str) -> SegmentAdmin:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            self._session = (
+                client_session(self._token_file)
+                if self._token_file is not None
+                else aiohttp.ClientSession()
+            )
             self._clients.clear()
         client = self._clients.get(url)
         if client is None:

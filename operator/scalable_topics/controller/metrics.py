@@ -74,6 +74,12 @@ STATUS_WRITES = Counter(
     ("kind", "outcome"),
 )
 SESSIONS = Gauge("scalable_topic_sessions", "Open WebSocket sessions by type", ("type",))
+AUTH_REFUSALS = Counter(
+    "scalable_topic_auth_refusals_total",
+    "DAG watch and consumer session requests refused by --auth kubernetes, by code "
+    "(Unauthenticated, Forbidden, AuthUnavailable)",
+    ("code",),
+)
 RECOMMENDATIONS = Counter(
     "scalable_topic_recommendations_total",
     "Recommendations seen by the leader, by outcome (accepted or the reason ignored)",

@@ -94,6 +94,12 @@ class CloseCode(enum.IntEnum):
     """The subscription is not in the topic's spec, is a Queue subscription, or was removed."""
     UNAVAILABLE = 4503
     """The controller cannot serve the session now; retry after the redirect's ``retryAfter``."""
+    UNAUTHENTICATED = 4401
+    """No token, or one the API server refused (invalid, expired, wrong audience)."""
+    FORBIDDEN = 4403
+    """RBAC does not grant the verb the session needs (docs/security.md)."""
+    AUTH_UNAVAILABLE = 1013
+    """The API server could not be asked about the credentials; retry."""
 
 
 class ErrorCode(enum.StrEnum):
@@ -104,6 +110,10 @@ class ErrorCode(enum.StrEnum):
     REJECTED = "Rejected"
     """A well-formed report the coordinator refused (e.g. a drained report for a segment the
     consumer no longer holds); not fatal, the session stays open."""
+    UNAUTHENTICATED = "Unauthenticated"
+    FORBIDDEN = "Forbidden"
+    AUTH_UNAVAILABLE = "AuthUnavailable"
+    """Refused credentials (docs/security.md); fatal (the first two: retrying does not help)."""
 
 
 class ConsumerType(enum.StrEnum):
