@@ -226,7 +226,7 @@ def test_close_codes_and_paths() -> None:
     assert all(4000 <= c <= 4999 for c in application)
     assert int(CloseCode.UNKNOWN_TOPIC) == 4404
     # Refused credentials: the HTTP status + 4000, and 1013 "try again later".
-    assert (CloseCode.UNAUTHENTICATED, CloseCode.FORBIDDEN) == (4401, 4403)
-    assert CloseCode.AUTH_UNAVAILABLE == 1013
+    assert (int(CloseCode.UNAUTHENTICATED), int(CloseCode.FORBIDDEN)) == (4401, 4403)
+    assert int(CloseCode.AUTH_UNAVAILABLE) == 1013
     assert dag_path("ns", "t") == "/v1/topics/ns/t/dag"
     assert consumers_path("ns", "t") == "/v1/topics/ns/t/consumers"
