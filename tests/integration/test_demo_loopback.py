@@ -17,6 +17,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import aiohttp
 import pytest
 import yaml
 
@@ -114,11 +115,18 @@ async def test_nothing_of_the_cluster_leaves_loopback_after_the_demo(
         stop_consumer = asyncio.Event()
         try:
             service_url = await demo.start_stack(api)
+            # Authentication is on (overlays/local-secure): the clients present demo-client's
+            # token.
+            await demo.client_credentials(api)
             await demo.fresh_topic(api)
             demo.rate = 200.0
             producer = asyncio.create_task(demo.produce(service_url))
             consumer = asyncio.create_task(demo.consume(service_url, "loopback", stop_consumer))
             await eventually(lambda: demo.acked >= 500 and demo.consumed >= 200, within=120)
+            # ... and nobody without a token gets anything.
+            dag = f"{service_url}/v1/topics/default/orders/dag"
+            async with aiohttp.ClientSession() as anonymous, anonymous.get(dag) as response:
+                assert response.status == 401, await response.text()
 
             pids = cluster.pids
             components = {name: pids[name] for name in COMPONENTS}

@@ -5,8 +5,10 @@
    control plane on the directory is refused at once (exit status ``EXIT_IN_USE``) and the first
    is left untouched;
 2. ``kubectl apply`` (the pinned kubectl, ``DIR/bin/kubectl``) the CRDs and
-   ``manifests/overlays/local`` (operator replicas, 3 brokers, recommender CronJob: Pods under
-   their own ServiceAccounts, authorized by the Roles of ``manifests/``) and wait for them;
+   ``manifests/overlays/local-secure`` (authentication on, docs/security.md; operator
+   replicas, 3 brokers, recommender CronJob: Pods under their own ServiceAccounts, authorized
+   by the Roles of ``manifests/``) and wait for them; the demo's clients present a token of
+   ServiceAccount ``demo-client`` (``DIR/demo-client.token``, renewed before it expires);
    print the operator's URL, the address of a Ready operator Pod (found by label: local Pods get
    no Service endpoints);
 3. bring ``orders`` (``manifests/examples/orders.yaml``) to its initial shape and wait for
@@ -50,6 +52,7 @@ from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
+from ..core.auth import AUDIENCE
 from ..core.resources import (
     GROUP,
     LABEL_TOPIC,
@@ -58,6 +61,7 @@ from ..core.resources import (
     VERSION,
     ScalableTopicSpec,
 )
+from ..credentials import TOKEN_FILE_ENV, client_session
 from ..kubeapi import api_client
 from ..localcluster.datadir import EXIT_IN_USE, DataDirInUse
 from . import demo_progress
@@ -68,6 +72,9 @@ NAMESPACE = "default"
 TOPIC = "orders"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=scalable-topics-operator"
 OPERATOR_NAMESPACE = "scalable-topics"
+DEMO_CLIENT = "demo-client"
+"""The ServiceAccount the demo's producer and consumers present (docs/security.md)."""
+DEMO_TOKEN_SECONDS = 3600
 BROKER_SELECTOR = "app.kubernetes.io/name=segment-broker"
 CLIENT_STOP_TIMEOUT = 0.5
 """On Ctrl-C, how long clients get to close their sessions before they are cancelled."""
@@ -110,6 +117,8 @@ class Demo:
         self.acked = 0
         self.consumed = 0
         self.rate = 0.0
+        self.token_file: Path | None = None
+        """The clients' token (:meth:`client_credentials`); None: anonymous."""
 
     def say(self, text: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
@@ -266,7 +275,7 @@ class Demo:
             return "storage is (re)initializing" not in out and "error" not in out.lower()
 
         await self.wait_for("the API server to serve the CRDs", served, SETUP_TIMEOUT)
-        await self.kubectl("apply", "-k", str(self.root / "manifests/overlays/local"))
+        await self.kubectl("apply", "-k", str(self.root / "manifests/overlays/local-secure"))
 
         async def ready() -> bool:
             brokers, want, operators, _ = await self.stack_state(api)
@@ -283,6 +292,51 @@ class Demo:
 
         await self.wait_for("the brokers and an operator", ready, SETUP_TIMEOUT, detail)
         return await self.operator_url(api)
+
+    async def client_credentials(self, api: k8s.ApiClient) -> float:
+        """The demo's clients are ServiceAccount ``demo-client`` of ``NAMESPACE``, bound to the
+        producer and consumer ClusterRoles (docs/security.md): write a token of it for audience
+        scalabletopics.io (TokenRequest through the admin kubeconfig) to
+        ``DIR/demo-client.token``, which the demo's clients present (re-read for each new
+        connection); returns the token's lifetime."""
+        core = k8s.CoreV1Api(api)
+        rbac = k8s.RbacAuthorizationV1Api(api)
+        meta = k8s.V1ObjectMeta
+        await _created_or_exists(
+            core.create_namespaced_service_account(
+                NAMESPACE, k8s.V1ServiceAccount(metadata=meta(name=DEMO_CLIENT))
+            )
+        )
+        for role in ("scalable-topics-producer", "scalable-topics-consumer"):
+            binding = k8s.V1RoleBinding(
+                metadata=meta(name=f"{DEMO_CLIENT}-{role.rsplit('-', 1)[1]}"),
+                role_ref=k8s.V1RoleRef(
+                    api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role
+                ),
+                subjects=[
+                    k8s.RbacV1Subject(kind="ServiceAccount", name=DEMO_CLIENT, namespace=NAMESPACE)
+                ],
+            )
+            await _created_or_exists(rbac.create_namespaced_role_binding(NAMESPACE, binding))
+        request = k8s.AuthenticationV1TokenRequest(
+            spec=k8s.V1TokenRequestSpec(audiences=[AUDIENCE], expiration_seconds=DEMO_TOKEN_SECONDS)
+        )
+        answer = await core.create_namespaced_service_account_token(DEMO_CLIENT, NAMESPACE, request)
+        path = self.data_dir / "demo-client.token"
+        fresh = path.with_suffix(".new")
+        fresh.touch(mode=0o600)
+        fresh.write_text(answer.status.token)
+        fresh.replace(path)  # atomic, as the kubelet rotates a projected token
+        self.token_file = path
+        return float(DEMO_TOKEN_SECONDS)
+
+    async def renew_credentials(self, api: k8s.ApiClient, lifetime: float) -> None:
+        """A new token at 80 % of the last one's lifetime (the kubelet's schedule); clients
+        re-read the file for their next connection."""
+        while not self.stop.is_set():
+            await self.pause(0.8 * lifetime)
+            if not self.stop.is_set():
+                lifetime = await self.client_credentials(api)
 
     async def fresh_topic(self, api: k8s.ApiClient) -> None:
         """Bring ``orders`` to its initial shape (see the module docstring) and wait for Ready."""
@@ -345,9 +399,12 @@ class Demo:
     async def produce(self, service_url: str) -> None:
         from ..client import ScalableTopicProducer
 
-        async with ScalableTopicProducer(
-            service_url, NAMESPACE, TOPIC, name="demo-producer"
-        ) as producer:
+        async with (
+            client_session(self.token_file) as session,
+            ScalableTopicProducer(
+                service_url, NAMESPACE, TOPIC, name="demo-producer", session=session
+            ) as producer,
+        ):
             keys = [f"customer-{i}" for i in range(200)]
             key_cycle = itertools.cycle(keys)
             tick = 0.02
@@ -369,8 +426,14 @@ class Demo:
     async def consume(self, service_url: str, name: str, stop: asyncio.Event) -> None:
         from ..client import StreamConsumer
 
-        consumer = StreamConsumer(service_url, NAMESPACE, TOPIC, "billing", name)
-        await consumer.start()
+        session = client_session(self.token_file)
+        consumer = StreamConsumer(service_url, NAMESPACE, TOPIC, "billing", name, session=session)
+        try:
+            await consumer.start()
+        except BaseException:
+            await consumer.close()
+            await session.close()
+            raise
         stopping = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():
@@ -385,6 +448,7 @@ class Demo:
         finally:
             stopping.cancel()
             await consumer.close(unregister=True)
+            await session.close()
 
     async def run(self) -> int:
         from ..localcluster.cluster import LocalCluster
@@ -419,6 +483,7 @@ class Demo:
         self.say(f"topic {TOPIC} is Ready. In another terminal:")
         commands = [
             *shell_setup(self.kubeconfig, self.kubectl_path),
+            f"export {TOKEN_FILE_ENV}={self.data_dir / 'demo-client.token'}",
             f"kubectl get stopic,seg -n {NAMESPACE}",
             f"kubectl describe stopic {TOPIC}",
             f"kubectl stopic dag {TOPIC} --watch",
@@ -426,11 +491,16 @@ class Demo:
         print("\n".join(f"    {c}" for c in commands), flush=True)
 
     async def _show(self, api: k8s.ApiClient) -> int:
-        self.say("applying the CRDs and manifests/overlays/local (operator and 3 brokers)")
+        self.say(
+            "applying the CRDs and manifests/overlays/local-secure (operator and 3 brokers, "
+            "authentication on)"
+        )
         service_url = await self.start_stack(api)
+        lifetime = await self.client_credentials(api)
         await self.fresh_topic(api)
         self.next_steps(service_url)
 
+        renewing = asyncio.create_task(self.renew_credentials(api, lifetime))
         watcher = asyncio.create_task(self.watch_dag(api))
         producer = asyncio.create_task(self.produce(service_url))
         consumers: list[tuple[asyncio.Task[None], asyncio.Event]] = []
@@ -503,7 +573,7 @@ class Demo:
             return 0
         finally:
             self.stop.set()
-            await self._stop_clients([watcher, producer], consumers)
+            await self._stop_clients([renewing, watcher, producer], consumers)
 
     @staticmethod
     async def _stop_clients(
@@ -521,6 +591,15 @@ class Demo:
         for task in late:
             task.cancel()
         await asyncio.gather(*everything, return_exceptions=True)
+
+
+async def _created_or_exists(create: Awaitable[Any]) -> None:
+    """Create an object an earlier run may have made (409 Conflict is fine)."""
+    try:
+        await create
+    except k8s.ApiException as exc:
+        if exc.status != 409:
+            raise
 
 
 def _pod_ready(pod: Any) -> bool:
