@@ -348,9 +348,35 @@ async def test_job_writes_recommendations_to_the_cluster(
     store.close()
 
 
+# The single-machine variant of the base's comment: Spark in the job's own process. The
+# Kubernetes mode of the overlay is test_recommender_k8s.py's.
+SINGLE_MACHINE = {
+    "spec": {
+        "template": {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "recommender",
+                        "args": [
+                            "--history=/var/lib/load-history",
+                            "--window=1h",
+                            "--master=local[2]",
+                            "--conf=spark.ui.enabled=false",
+                            "--conf=spark.driver.bindAddress=$(POD_IP)",
+                            "--conf=spark.driver.host=$(POD_IP)",
+                        ],
+                    }
+                ]
+            }
+        }
+    }
+}
+
+
 def recommender_overlay(directory: Path, namespace: str) -> Path:
-    """``manifests/overlays/local`` in ``namespace`` with its CronJob firing every minute, and
-    neither operator nor brokers (nothing but the job touches the topics)."""
+    """``manifests/overlays/local`` in ``namespace`` with its CronJob firing every minute in the
+    single-machine variant (``local[2]``), and neither operator nor brokers (nothing but the
+    job touches the topics)."""
     directory.mkdir(parents=True, exist_ok=True)
 
     def patch(api: str, kind: str, name: str, **body: Any) -> dict[str, Any]:
@@ -361,7 +387,12 @@ def recommender_overlay(directory: Path, namespace: str) -> Path:
         patch("v1", "Namespace", BASE_NS, **{"$patch": "delete"}),
         patch("apps/v1", "Deployment", "scalable-topics-operator", spec={"replicas": 0}),
         patch("apps/v1", "StatefulSet", "segment-broker", spec={"replicas": 0}),
-        patch("batch/v1", "CronJob", RECOMMENDER, spec={"schedule": "* * * * *", "suspend": False}),
+        patch(
+            "batch/v1",
+            "CronJob",
+            RECOMMENDER,
+            spec={"schedule": "* * * * *", "suspend": False, "jobTemplate": SINGLE_MACHINE},
+        ),
     ]
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",

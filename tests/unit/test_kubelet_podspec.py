@@ -275,3 +275,25 @@ def test_tmp_mount_becomes_tmpdir(tmp_path: Path) -> None:
     assert cmd.env["TMPDIR"] == str(tmp_path / "t")
     own = container_command(container, {"TMPDIR": "/x"}, mounts, {}, {})
     assert own.env["TMPDIR"] == "/x"
+
+
+def test_args_expand_the_service_variables_under_the_containers_own() -> None:
+    """As a kubelet does: ``$(KUBERNETES_SERVICE_HOST)`` in args names the API server (Spark's
+    ``k8s://`` master in the recommender CronJob), and the container's own variables win."""
+    container = {
+        "name": "driver",
+        "command": ["python", "-m", "job"],
+        "args": [
+            "--master=k8s://https://$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)",
+            "$(KUBERNETES_SERVICE_PORT_HTTPS)",
+        ],
+    }
+    services = {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": "6443",
+        "KUBERNETES_SERVICE_PORT_HTTPS": "6443",
+    }
+    own = {"KUBERNETES_SERVICE_PORT_HTTPS": "7443"}
+    cmd = container_command(container, own, [], services, {}, services)
+    assert cmd.argv[3:] == ["--master=k8s://https://127.0.0.1:6443", "7443"]
+    assert cmd.env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"

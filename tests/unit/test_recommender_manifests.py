@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 from scalable_topics.recommender.__main__ import parser
-from scalable_topics.recommender.executor import BACKEND, command
+from scalable_topics.recommender.executor import BACKEND, command, environment
 
 BASE = Path(__file__).resolve().parents[2] / "manifests" / "base"
+SERVICE_VARS = {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}
 
 
 def docs(name: str) -> dict[str, dict[str, Any]]:
@@ -32,14 +33,16 @@ def test_cronjob_schedule_and_args_match_the_cli() -> None:
     container = pod["spec"]["containers"][0]
     assert container["command"] == ["python", "-m", "scalable_topics.recommender"]
     env = {e["name"]: e for e in container["env"]}
-    # Every $(VAR) in the args comes from the container's env (downward API).
+    # Every $(VAR) in the args comes from the container's env (downward API) or is one of the
+    # API server's Service variables every kubelet sets.
     for arg in container["args"]:
         for var in re.findall(r"\$\((\w+)\)", arg):
-            assert var in env, var
+            assert var in env or var in SERVICE_VARS, var
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     args = parser().parse_args([re.sub(r"\$\((\w+)\)", "x", a) for a in container["args"]])
     conf = dict(args.conf)
-    assert args.master == "k8s://https://kubernetes.default.svc"
+    # The API server by the Service variables, not by name: no cluster DNS needed.
+    assert args.master == "k8s://https://x:x"
     assert conf["spark.kubernetes.driver.pod.name"] == "x"
     assert conf["spark.driver.host"] == "scalable-topics-recommender-driver.x.svc"
     assert conf["spark.kubernetes.container.image"] == container["image"]
@@ -131,3 +134,8 @@ def test_executor_command_needs_the_driver_env() -> None:
     # Without SPARK_HOME, the jars come with the pyspark wheel.
     cmd = command({k: v for k, v in SPARK_ENV.items() if k != "SPARK_HOME"})
     assert cmd[cmd.index("-cp") + 1].endswith("pyspark/jars/*")
+
+
+def test_executor_binds_its_pod_address() -> None:
+    assert environment(SPARK_ENV)["SPARK_LOCAL_IP"] == "10.0.0.7"
+    assert environment({**SPARK_ENV, "SPARK_LOCAL_IP": "10.0.0.8"})["SPARK_LOCAL_IP"] == "10.0.0.8"

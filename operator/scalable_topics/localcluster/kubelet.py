@@ -585,10 +585,11 @@ class PodWorker:
                 "PYTHONUNBUFFERED": "1",
             }
             extra.update(self._in_cluster_env(mounts))
+            services = {k: v for k, v in extra.items() if k.startswith("KUBERNETES_SERVICE_")}
             # The kubelet's own environment is scrubbed of KUBECONFIG, KUBERNETES_SERVICE_* and
             # proxies, as the components' is.
             base_env = component_env()
-            cmd = container_command(container, env, mounts, extra, base_env)
+            cmd = container_command(container, env, mounts, extra, base_env, services)
         except PodSpecError as exc:
             raise ContainerConfigError(str(exc), exc.reason) from exc
         except ApiError as exc:

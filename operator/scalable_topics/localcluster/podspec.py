@@ -364,11 +364,14 @@ def container_command(
     mounts: list[Mount],
     extra_env: Mapping[str, str],
     base_env: Mapping[str, str],
+    service_env: Mapping[str, str] | None = None,
 ) -> ContainerCommand:
     """argv, complete environment and working directory of a container process.
 
-    ``command``/``args`` are expanded against the container's environment and then rewritten
-    through the mount table, as are the container's environment values. ``extra_env``
+    ``command``/``args`` are expanded against the container's environment over ``service_env``
+    (``KUBERNETES_SERVICE_HOST``/``_PORT``: a kubelet puts the Service variables under the
+    container's own, so ``$(KUBERNETES_SERVICE_HOST)`` in args names the API server) and then
+    rewritten through the mount table, as are the container's environment values. ``extra_env``
     (``KUBECONFIG``, ``POD_IP``…) fills only names the container does not set, and everything is
     layered over ``base_env`` (the kubelet's own environment).
     """
@@ -381,7 +384,8 @@ def container_command(
             "CreateContainerError",
         )
     rewrite = MountRewriter((m.mount_path, m.local_dir) for m in mounts)
-    argv = [rewrite(expand(part, container_env_vars)) for part in command + args]
+    expansion = {**(service_env or {}), **container_env_vars}
+    argv = [rewrite(expand(part, expansion)) for part in command + args]
     argv[0] = resolve_executable(argv[0], path=base_env.get("PATH"))
     env = dict(base_env)
     env.update({k: rewrite(v) for k, v in container_env_vars.items()})

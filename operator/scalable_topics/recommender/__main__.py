@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 # Absolute imports: spark-submit runs this file as a plain script.
 from scalable_topics.core.policy import DEFAULT_POLICY, parse_duration
 from scalable_topics.core.resources import format_time
-from scalable_topics.recommender.job import analyse, build_session, merge_thresholds
+from scalable_topics.recommender.job import analyse, build_session, executors, merge_thresholds
 from scalable_topics.recommender.rules import (
     DEFAULT_TOLERANCE,
     Window,
@@ -147,6 +147,7 @@ def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str
     started = time.monotonic()
     try:
         analysis = analyse(session, args.history, window, fmt=args.format, thresholds=thresholds)
+        used = executors(session)
     finally:
         if own_session:
             session.stop()  # release executors before the (slow) API round trips
@@ -224,6 +225,7 @@ def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str
         "quality": analysis.quality,
         "segments": len(analysis.stats),
         "sparkSeconds": round(spark_seconds, 3),
+        "executors": used,
         "topics": topics,
         "failed": failed,
     }

@@ -81,6 +81,20 @@ def command(env: Mapping[str, str]) -> list[str]:
     ]
 
 
+def environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The executor JVM's environment: ``SPARK_LOCAL_IP`` defaults to the Pod's address.
+
+    The executor advertises ``--hostname`` (the Pod IP), but Spark still resolves the local
+    host for its own bindings, and where the host name resolves to a loopback address it takes
+    the first non-loopback interface instead (the local cluster's Pods share the host's name
+    and interfaces, and must stay on their loopback addresses).
+    """
+    out = dict(env)
+    if not out.get("SPARK_LOCAL_IP") and out.get("SPARK_EXECUTOR_POD_IP"):
+        out["SPARK_LOCAL_IP"] = out["SPARK_EXECUTOR_POD_IP"]
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] != ["executor"]:
@@ -91,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"executor: {exc}", file=sys.stderr)
         return 2
-    os.execvp(cmd[0], cmd)
+    os.execvpe(cmd[0], cmd, environment(os.environ))
 
 
 if __name__ == "__main__":

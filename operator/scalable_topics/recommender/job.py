@@ -74,6 +74,23 @@ def build_session(
     return builder.getOrCreate()
 
 
+def executors(spark: SparkSession) -> list[dict[str, Any]]:
+    """The executors the application has had (the driver left out), with the tasks each ran:
+    ``[{"id", "host", "tasks"}]`` from Spark's status store, empty with a ``local`` master
+    (tasks run in the driver). Shows where a Kubernetes run's work went (the executor Pods'
+    addresses)."""
+    # Reachable only through the py4j gateway (the status store behind Spark's UI and REST API).
+    summaries: Any = spark.sparkContext._jsc.sc().statusStore().executorList(False)
+    found = []
+    for i in range(summaries.size()):
+        summary = summaries.apply(i)
+        if summary.id() == "driver":
+            continue
+        host = str(summary.hostPort()).rsplit(":", 1)[0]
+        found.append({"id": str(summary.id()), "host": host, "tasks": int(summary.totalTasks())})
+    return sorted(found, key=lambda e: e["id"])
+
+
 # -- reading ----------------------------------------------------------------------------------
 
 
