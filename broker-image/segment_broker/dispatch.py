@@ -14,7 +14,10 @@ Dispatch state lives in memory; only the cursor is persisted:
   that bucket queues behind it, so per-bucket (hence per-key) order holds while other buckets
   keep flowing. Parking is bounded (``max_parked``); beyond it dispatch waits.
 
-Subscription types: Exclusive (one consumer; the SDK's stream and checkpoint consumers),
+Subscription types: Exclusive (one consumer of the whole segment - the SDK's stream and
+checkpoint consumers - or, from protocol version 2, several consumers each naming the buckets
+the controller assigned it: PIP-486 key-shared ordered consumption, dispatched like KeyShared,
+individual acks only; the two kinds never attach at once, the other gets ``ConsumerBusy``),
 KeyShared (PIP-486: an entry goes only to the consumer owning the bucket of its ``hashB``
 minimum; bucket boundaries ``i * 65536 // N``), and Queue, whose dispatch follows its
 consumers: consumers naming buckets make it keyed like KeyShared (the SDK's queue consumers,
@@ -60,6 +63,9 @@ class ConsumerSink(Protocol):
 
     def end_of_segment(self, last_position: int) -> None: ...
 
+    def end_of_buckets(self, last_position: int) -> None:
+        """Every entry of the consumer's buckets up to the seal was delivered to it."""
+
     def corrupted(self, corruption: Corruption) -> None:
         """The consumer reached the first damaged position of a quarantined segment."""
 
@@ -67,6 +73,7 @@ class ConsumerSink(Protocol):
 class Consumer:
     __slots__ = (
         "buckets",
+        "buckets_end_sent",
         "corruption_sent",
         "eos_sent",
         "id",
@@ -90,6 +97,7 @@ class Consumer:
         self.in_order = True
         """``pending`` is in ascending position order (no redelivery went out of order)."""
         self.eos_sent = False
+        self.buckets_end_sent = False
         self.corruption_sent = False
 
 
@@ -124,7 +132,8 @@ class Dispatcher:
     def attach(self, name: str, buckets: Sequence[int] | None, sink: ConsumerSink) -> Consumer:
         n = self.segment.meta.buckets
         owned: frozenset[int] | None = None
-        if self.type is SubscriptionType.EXCLUSIVE:
+        exclusive = self.type is SubscriptionType.EXCLUSIVE
+        if exclusive and (buckets is None or any(c.buckets is None for c in self.consumers)):
             if self.consumers:
                 raise DispatchError(
                     "ConsumerBusy",
@@ -150,6 +159,8 @@ class Dispatcher:
                 )
         if self.type is SubscriptionType.QUEUE:
             self._check_kind(owned is not None)
+        elif exclusive and not self.consumers:
+            self._set_keyed(owned is not None)
         consumer = Consumer(name, owned, sink)
         self.consumers.append(consumer)
         if owned:
@@ -210,9 +221,11 @@ class Dispatcher:
         if max(positions) > last:
             raise DispatchError("ProtocolError", f"ack beyond the last position {last}")
         if cumulative:
-            if self.type is not SubscriptionType.EXCLUSIVE:
+            if self.type is not SubscriptionType.EXCLUSIVE or consumer.buckets is not None:
                 raise DispatchError(
-                    "ProtocolError", "cumulative acks are only allowed on Exclusive subscriptions"
+                    "ProtocolError",
+                    "cumulative acks are only allowed on Exclusive subscriptions, by a consumer "
+                    "of the whole segment",
                 )
             upto = positions[0]
             cursor.ack_cumulative(upto)
@@ -379,6 +392,15 @@ class Dispatcher:
 
     def _check_end(self, consumer: Consumer) -> None:
         seal = self.segment.seal
+        if (
+            seal is not None
+            and consumer.buckets is not None
+            and not consumer.buckets_end_sent
+            and self.next_read > seal.last_position
+            and not self._parked_for(consumer)
+        ):
+            consumer.buckets_end_sent = True
+            consumer.sink.end_of_buckets(seal.last_position)
         if seal is not None and not consumer.eos_sent and self.segment.drained(self.cursor):
             consumer.eos_sent = True
             consumer.sink.end_of_segment(seal.last_position)

@@ -953,6 +953,8 @@ class ConsumerConnection(_Connection):
         permits = hello.get("permits", 0)
         if not isinstance(permits, int) or isinstance(permits, bool) or permits < 0:
             raise _protocol("bad_hello", "permits must be a non-negative integer")
+        if disp.type is SubscriptionType.EXCLUSIVE and self.version < 2:
+            buckets = None  # version 1: an Exclusive subscription ignores buckets
         seg = self.hosted.segment
         meta = seg.meta
         self.send(
@@ -999,6 +1001,10 @@ class ConsumerConnection(_Connection):
 
     def end_of_segment(self, last_position: int) -> None:
         self.send(wire.encode_end_of_segment(last_position))
+
+    def end_of_buckets(self, last_position: int) -> None:
+        if self.version >= 2:
+            self.send(wire.encode_end_of_buckets(last_position))
 
     def corrupted(self, corruption: Corruption) -> None:
         closing = _corrupted(corruption)

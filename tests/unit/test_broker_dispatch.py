@@ -32,12 +32,17 @@ class Sink:
     def __init__(self) -> None:
         self.items: list[tuple[int, int, Any]] = []
         self.eos: int | None = None
+        self.buckets_end: int | None = None
 
     def deliver(self, items: list[tuple[int, int, Any]]) -> None:
         self.items.extend(items)
 
     def end_of_segment(self, last_position: int) -> None:
         self.eos = last_position
+
+    def end_of_buckets(self, last_position: int) -> None:
+        assert self.buckets_end is None, "told once"
+        self.buckets_end = last_position
 
     def corrupted(self, corruption: Corruption) -> None:
         raise AssertionError(f"the segment is not corrupted: {corruption}")
@@ -85,6 +90,7 @@ ops = st.lists(
 
 MODES = [
     (SubscriptionType.EXCLUSIVE, False),
+    (SubscriptionType.EXCLUSIVE, True),
     (SubscriptionType.QUEUE, False),
     (SubscriptionType.QUEUE, True),
     (SubscriptionType.KEY_SHARED, True),
@@ -111,7 +117,9 @@ async def _scenario(
     ordered = keyed or sub_type is SubscriptionType.EXCLUSIVE
 
     def buckets(idx: int) -> list[int] | None:
-        return [idx] if keyed or sub_type is SubscriptionType.EXCLUSIVE else None
+        return [idx] if keyed else None
+
+    whole = sub_type is SubscriptionType.EXCLUSIVE and not keyed
 
     live: dict[int, tuple[Consumer, Sink]] = {}
     acked: set[int] = set()
@@ -159,7 +167,7 @@ async def _scenario(
             if chosen:
                 disp.ack(entry[0], chosen, cumulative=False)
                 acked.update(chosen)
-        elif op == "cumulative" and sub_type is SubscriptionType.EXCLUSIVE:
+        elif op == "cumulative" and whole:
             chosen = sorted(entry[0].pending)[: n // 3 + 1]
             if chosen:
                 disp.ack(entry[0], [chosen[-1]], cumulative=True)
@@ -176,7 +184,7 @@ async def _scenario(
     for c, _ in list(live.values()):
         disp.detach(c)
     live.clear()
-    owners = [0] if sub_type is SubscriptionType.EXCLUSIVE else list(range(BUCKETS))
+    owners = [0] if whole else list(range(BUCKETS))
     for idx in owners:
         sink = Sink()
         live[idx] = (disp.attach(f"final{idx}", buckets(idx), sink), sink)
@@ -272,3 +280,42 @@ async def test_a_bucket_changes_owner_only_once_the_owner_let_go(segment: Segmen
     assert set(positions) == {
         pos for pos in range(ENTRIES) if _bucket(segment, pos) == 3 and pos not in taken[:10]
     }
+
+
+async def test_an_exclusive_subscription_is_shared_by_bucket_owners_or_held_whole(
+    segment: Segment,
+) -> None:
+    """Protocol v2 (PIP-486): stream consumers naming buckets share an Exclusive subscription,
+    each getting only its buckets, in order, with individual acks; a whole-segment consumer
+    and bucket owners never attach at once."""
+    disp = Dispatcher(segment, Cursor(name="s", type=SubscriptionType.EXCLUSIVE))
+    whole = disp.attach("whole", None, Sink())
+    with pytest.raises(DispatchError) as info:
+        disp.attach("b", [0], Sink())
+    assert info.value.code == "ConsumerBusy"
+    disp.detach(whole)
+    sinks = {b: Sink() for b in range(BUCKETS)}
+    owners = {b: disp.attach(f"k{b}", [b], sink) for b, sink in sinks.items()}
+    assert disp.keyed
+    with pytest.raises(DispatchError) as info:
+        disp.attach("whole", None, Sink())
+    assert info.value.code == "ConsumerBusy"
+    with pytest.raises(DispatchError) as info:
+        disp.attach("again", [2], Sink())
+    assert info.value.code == "BucketConflict"
+    for consumer in owners.values():
+        disp.flow(consumer, 200)
+    await _settle()
+    for b, sink in sinks.items():
+        keyed = [pos for pos, _, _ in sink.items if _bucket(segment, pos) == b]
+        assert keyed == sorted(keyed) and keyed
+        assert all(_bucket(segment, pos) in (b, -1) for pos, _, _ in sink.items)
+    with pytest.raises(DispatchError):
+        disp.ack(owners[0], [sinks[0].items[0][0]], cumulative=True)
+    disp.ack(owners[0], [pos for pos, _, _ in sinks[0].items], cumulative=False)
+    assert sum(len(s.items) for s in sinks.values()) == ENTRIES
+    for consumer in owners.values():
+        disp.detach(consumer)
+    assert not disp.keyed or not disp.consumers
+    again = disp.attach("whole", None, Sink())
+    assert not disp.keyed and again.buckets is None

@@ -144,3 +144,23 @@ async def test_stopping_a_reader_task_does_not_swallow_the_callers_cancellation(
     else:
         raise AssertionError("the caller's cancellation was swallowed")
     assert closer.cancelled()
+
+
+def test_checkpoint_bucket_positions_cover_their_bucket_and_merge() -> None:
+    """PIP-486: buckets read while a segment was shared are checkpointed per (segment,
+    bucket); a message is covered by its segment's position or by its bucket's."""
+    a = Checkpoint("ns", "t", "s", {3: (10, 0)}, frozenset(), {(3, 1): (40, 2)})
+    assert a.covers(3, 10, 0) and not a.covers(3, 11, 0)
+    assert a.covers(3, 40, 2, bucket=1) and not a.covers(3, 40, 3, bucket=1)
+    assert not a.covers(3, 20, 0, bucket=0), "bucket 0 only up to the segment position"
+    text = a.dumps()
+    assert json.loads(text)["bucketPositions"] == {"3/1": {"position": 40, "batchIndex": 2}}
+    assert Checkpoint.loads(text) == a
+    b = Checkpoint("ns", "t", "s", {3: (12, 0)}, frozenset({1}), {(3, 0): (30, 0), (3, 1): (5, 0)})
+    merged = a.merge(b)
+    assert merged.positions == {3: (12, 0)} and merged.drained == frozenset({1})
+    assert merged.bucket_positions == {(3, 0): (30, 0), (3, 1): (40, 2)}
+    with pytest.raises(ValueError):
+        a.merge(Checkpoint("ns", "t", "other"))
+    with pytest.raises(ValueError):
+        Checkpoint.loads(text.replace('"3/1"', '"3"'))

@@ -279,3 +279,21 @@ def test_a_sealed_backlog_drains_wide_then_reverts_to_one_consumer_per_segment()
     release_all(c, 2.0)
     assert c.drain_wide() == ()
     assert sorted(len(c.sharers(s)) for s in (1, 2)) == [2, 2], "children N=2 each"
+
+
+def test_a_shared_sealed_segment_drains_once_every_bucket_was_reported() -> None:
+    layout = SegmentLayout.initial(1)
+    c = SubscriptionCoordinator(layout, grace_period=30.0, buckets={0: 2})
+    c.register("a", 0.0)
+    split = layout.split(0)
+    c.layout_changed(split, 1.0, layout_buckets(split, {0: 2}))
+    c.register("b", 1.0)
+    release_all(c, 1.0)
+    owners = c.unit_owners()
+    assert {owners[(0, 0)], owners[(0, 1)]} == {"a", "b"}
+    first = owners[(0, 0)]
+    assert c.drained(first, 0, 2.0, buckets=[1]).rejected, "not its bucket"
+    assert c.drained(first, 0, 2.0, buckets=[0]).rejected is None
+    assert 0 not in c.drained_segments and not c.is_consumable(1)
+    c.drained(owners[(0, 1)], 0, 3.0, buckets=[1])
+    assert 0 in c.drained_segments and c.is_consumable(1) and c.is_consumable(2)

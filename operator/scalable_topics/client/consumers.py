@@ -45,6 +45,7 @@ import aiohttp
 
 from scalable_topics.core import sessions as proto
 from scalable_topics.core import wire
+from scalable_topics.core.hashing import bucket_hash
 from scalable_topics.credentials import client_session
 
 from .dag import Backoff, DagWatcher, TopicNotFoundError, http_url, ws_url
@@ -274,6 +275,17 @@ class _ConsumerBase:
         self._assigned = asyncio.Event()
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._reported: set[int] = set()
+        self._releasing: dict[int, tuple[int, ...]] = {}
+        """Segment -> buckets the controller withholds from their new owner until we let go."""
+        self._released_sent: set[tuple[int, int]] = set()
+        self._done_buckets: dict[int, set[int]] = {}
+        """Checkpoint: buckets of a shared sealed segment this consumer finished."""
+        self._buckets_reported: set[tuple[int, int]] = set()
+        self.release_timeout: float | None = None
+        """How long a hand-over waits for the application to settle what it took (``None``:
+        as long as it takes)."""
+        self.releases = 0
+        """Bucket groups (or whole segments) handed over so far."""
         self._positions_sent: dict[int, float] = {}
         self.controller_sessions = 0
         """Controller sessions opened so far (reconnects and redirects included)."""
@@ -464,7 +476,11 @@ class _ConsumerBase:
             log.info("controller refused a report: %s: %s", message.code, message.message)
 
     def _send(
-        self, message: proto.DrainedMessage | proto.PositionMessage | proto.UnregisterMessage
+        self,
+        message: proto.DrainedMessage
+        | proto.PositionMessage
+        | proto.ReleasedMessage
+        | proto.UnregisterMessage,
     ) -> bool:
         ws = self._ws
         if ws is None or ws.closed:
@@ -478,6 +494,9 @@ class _ConsumerBase:
         self._reported.clear()
         self._assignment = {s.segment_id: s for s in message.segments}
         self._assignment_epoch = message.layout_epoch
+        self._releasing = {r.segment_id: r.buckets for r in message.releasing}
+        self._released_sent.clear()
+        self._buckets_reported.clear()
         self._evaluate()
         self._assigned.set()
 
@@ -497,18 +516,109 @@ class _ConsumerBase:
                 if sealed and segment_id not in self._reported and self._send(report):
                     self._reported.add(segment_id)
                 continue
+            done = self._done_buckets.get(segment_id)
+            if done and segment.state.value == "SEALED":
+                # as for whole segments: only once the controller sees the segment sealed
+                unsent = tuple(
+                    sorted(b for b in done if (segment_id, b) not in self._buckets_reported)
+                )
+                report = proto.DrainedMessage(segment=segment_id, buckets=unsent)
+                if unsent and self._send(report):
+                    self._buckets_reported.update((segment_id, b) for b in unsent)
             self._sync_segment(segment)
+        self._confirm_releases()
+
+    def _confirm_releases(self) -> None:
+        """Tell the controller which withheld buckets this consumer no longer reads."""
+        for segment_id, buckets in self._releasing.items():
+            free = tuple(
+                b
+                for b in buckets
+                if (segment_id, b) not in self._released_sent and not self._covers(segment_id, b)
+            )
+            if free and self._send(proto.ReleasedMessage(segment=segment_id, buckets=free)):
+                self._released_sent.update((segment_id, b) for b in free)
+
+    def _covers(self, segment_id: int, bucket: int) -> bool:
+        return any(
+            r.segment_id == segment_id and (r.buckets is None or bucket in r.buckets)
+            for r in self._readers.values()
+        )
 
     def _sync_segment(self, segment: proto.AssignedSegmentModel) -> None:
-        """Read an assigned, undrained segment once it is readable."""
-        if (segment.segment_id, None) not in self._readers and readable(segment, self._drained):
-            self._start_reader(segment.segment_id)
+        """Read exactly the assigned buckets (``None``: the whole segment): hand over those no
+        longer ours, attach (on a new connection) for the new ones once the segment is
+        readable."""
+        wanted = frozenset(segment.buckets) if segment.buckets is not None else None
+        readers = self._readers_of(segment.segment_id)
+        for reader in readers:
+            if reader.buckets != wanted and (
+                wanted is None or reader.buckets is None or not reader.buckets <= wanted
+            ):
+                self._release(reader)
+        if not readable(segment, self._drained):
+            return
+        if wanted is None:
+            if not readers:
+                self._start_reader(segment.segment_id)
+            return
+        covered = set(self._done_buckets.get(segment.segment_id, ()))
+        for reader in readers:
+            covered |= reader.buckets or set()
+        missing = wanted - covered
+        if missing:
+            self._start_reader(segment.segment_id, frozenset(missing))
 
     def _unassigned(self, reader: _Reader) -> None:
-        """``reader``'s segment is no longer assigned: stop at once (the new owner reads from
-        the last acknowledgement)."""
-        log.info("segment %d no longer assigned: stop reading it", reader.segment_id)
+        self._release(reader)
+
+    def _release(self, reader: _Reader) -> None:
+        """Hand ``reader``'s buckets (or segment) over: take nothing more from it, let the
+        application settle what it took, then detach (the broker redelivers the rest to the
+        new owner) and tell the controller."""
+        if reader.releasing or reader.stopped:
+            return
+        reader.releasing = True
+        self._spawn(self._finish_release(reader), f"release-{reader.segment_id}")
+
+    async def _finish_release(self, reader: _Reader) -> None:
+        if reader.started:
+            log.info(
+                "segment %d buckets %s: handing over after %d entries in progress",
+                reader.segment_id,
+                "all" if reader.buckets is None else sorted(reader.buckets),
+                len(reader.started),
+            )
+            try:
+                async with asyncio.timeout(self.release_timeout):
+                    while reader.started:
+                        reader.settled.clear()
+                        await reader.settled.wait()
+            except TimeoutError:
+                log.warning(
+                    "segment %d: %d entries still in progress after %ss; handing over anyway",
+                    reader.segment_id,
+                    len(reader.started),
+                    self.release_timeout,
+                )
+        task = reader.task
         self._stop_reader(reader)
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+        self.releases += 1
+        self._evaluate()
+
+    def _holder(self, message: Message) -> _Reader | None:
+        """The reader that handed ``message`` out, while it is still in progress."""
+        for reader in self._readers_of(message.segment_id):
+            if message.position in reader.started:
+                return reader
+        return None
+
+    def _settle(self, reader: _Reader, position: int) -> None:
+        del reader.started[position]
+        if not reader.started:
+            reader.settled.set()
 
     def _report_position(self, segment_id: int, position: int) -> None:
         now = time.monotonic()
@@ -716,44 +826,73 @@ class _ConsumerBase:
 
 
 class StreamConsumer(_ConsumerBase):
-    """Exclusive, ordered consumption of the segments the controller assigns to ``name``.
+    """Ordered consumption of what the controller assigns to ``name``: whole segments, or -
+    with more consumers than segments (PIP-486 key-shared) - entry buckets of segments.
 
-    ``ack(msg)`` is cumulative per segment: it acknowledges ``msg`` and everything before it in
-    its segment. A sealed segment is drained (and the next segments in DAG order start) once
-    every message of it is acknowledged.
+    ``ack(msg)`` is cumulative per reader: it acknowledges ``msg`` and every message this
+    consumer handed out before it from the same segment (and the same buckets). A sealed
+    segment is drained (and the next segments in DAG order start) once every message of it
+    is acknowledged by the subscription. Buckets taken away are handed over once the
+    application acknowledged what it took of them (``release_timeout`` bounds the wait).
     """
 
     consumer_type = proto.ConsumerType.STREAM
 
     async def _pump(self, reader: _Reader, consumer: SegmentConsumer) -> bool:
-        if reader.acked >= consumer.ack_floor:
+        whole = reader.buckets is None
+        if whole and reader.acked >= consumer.ack_floor:
             consumer.ack_cumulative(reader.acked)
-        while not reader.stopped:
+        while not reader.stopped and not reader.releasing:
             await self._wait_room()
+            if reader.releasing:
+                break
             item = await consumer.receive()
             if item is None:
                 return True
-            if item.position <= reader.acked:
+            if reader.releasing or (whole and item.position <= reader.acked):
                 continue
             self._delivery.put(reader, entry_messages(reader.segment_id, item))
+        # Handing over: take nothing more; the release stops this reader once the application
+        # has acknowledged what it took (the connection stays open for those acks).
+        await reader.halted.wait()
         return False
 
+    def _delivered(self, reader: _Reader, message: Message) -> None:
+        reader.started.setdefault(message.position, set())
+
     async def ack(self, message: Message) -> None:
-        """Acknowledge ``message`` and every earlier message of its segment."""
+        """Acknowledge ``message`` and every message handed out before it from its reader."""
         self.ack_nowait(message)
 
     def ack_nowait(self, message: Message) -> None:
         segment_id = message.segment_id
-        reader = self._readers.get((segment_id, None))
+        reader = self._holder(message)
         if reader is None:
-            return  # no longer ours: the new owner gets it again
-        target = message.position if message.last_in_entry else message.position - 1
-        if target < 0 or target <= reader.acked:
+            return  # no longer ours (or already acknowledged): the new owner gets it again
+        if reader.buckets is None:
+            target = message.position if message.last_in_entry else message.position - 1
+            if target < 0 or target <= reader.acked:
+                return
+            reader.acked = target
+            for position in [p for p in reader.started if p <= target]:
+                self._settle(reader, position)
+            if reader.consumer is not None:
+                reader.consumer.ack_cumulative(target)
+            self._report_position(segment_id, target)
             return
-        reader.acked = target
-        if reader.consumer is not None:
-            reader.consumer.ack_cumulative(target)
-        self._report_position(segment_id, target)
+        # Buckets: entries come in position order per bucket but not across buckets, so
+        # "everything before" is in the order the application took them.
+        done: list[int] = []
+        for position in reader.started:
+            if position == message.position:
+                if message.last_in_entry:
+                    done.append(position)
+                break
+            done.append(position)
+        for position in done:
+            self._settle(reader, position)
+        if done and reader.consumer is not None:
+            reader.consumer.ack_many(done)
 
 
 class CheckpointConsumer(_ConsumerBase):
@@ -792,23 +931,51 @@ class CheckpointConsumer(_ConsumerBase):
         self._positions: dict[int, tuple[int, int]] = (
             dict(start_from.positions) if start_from else {}
         )
+        self._bucket_positions: dict[tuple[int, int], tuple[int, int]] = (
+            dict(start_from.bucket_positions) if start_from else {}
+        )
         if start_from is not None:
             self._drained |= start_from.drained
         self._admin_token = admin_token
         self._state_changed: dict[int, asyncio.Event] = {}
+        self._bucket_counts: dict[int, int] = {}
 
     def checkpoint(self) -> Checkpoint:
-        """Positions of everything yielded so far, and the drained segments."""
+        """Positions of everything yielded so far (per segment, and per ``(segment, bucket)``
+        for buckets read while the segment was shared), and the drained segments."""
         return Checkpoint(
             self.namespace,
             self.topic,
             self.subscription,
             dict(self._positions),
             frozenset(self._drained),
+            dict(self._bucket_positions),
         )
 
+    def _bucket(self, message: Message) -> int | None:
+        """The entry bucket of a keyed message of a segment with several buckets."""
+        n = self._bucket_counts.get(message.segment_id, 1)
+        key = message.key_bytes
+        return None if n < 2 or key is None else wire.bucket_of(bucket_hash(key), n)
+
+    def _covered(self, message: Message) -> bool:
+        start = (message.position, message.batch_index)
+        last = self._positions.get(message.segment_id)
+        if last is not None and start <= last:
+            return True
+        bucket = self._bucket(message)
+        if bucket is None:
+            return False
+        in_bucket = self._bucket_positions.get((message.segment_id, bucket))
+        return in_bucket is not None and start <= in_bucket
+
     def _delivered(self, reader: _Reader, message: Message) -> None:
-        self._positions[message.segment_id] = (message.position, message.batch_index)
+        position = (message.position, message.batch_index)
+        bucket = self._bucket(message) if reader.buckets is not None else None
+        if bucket is None:
+            self._positions[message.segment_id] = position
+        else:
+            self._bucket_positions[(message.segment_id, bucket)] = position
         if message.last_in_entry:
             self._report_position(message.segment_id, message.position)
 
@@ -831,11 +998,20 @@ class CheckpointConsumer(_ConsumerBase):
 
     async def _pump(self, reader: _Reader, consumer: SegmentConsumer) -> bool:
         segment_id = reader.segment_id
+        self._bucket_counts[segment_id] = consumer.buckets
         changed = self._state_changed.setdefault(segment_id, asyncio.Event())
         last: int | None = None
         received = -1
-        while not reader.stopped:
-            if last is None and self._sealed(segment_id):
+        while not reader.stopped and not reader.releasing:
+            if reader.buckets is not None:
+                # Sharing the segment: the broker says when every entry of our buckets up to
+                # the seal was delivered (protocol v2).
+                if consumer.end_of_buckets and consumer.queued == 0:
+                    while reader.outstanding > 0:
+                        reader.taken.clear()
+                        await reader.taken.wait()
+                    return True
+            elif last is None and self._sealed(segment_id):
                 last = await self._last_position(reader)
             if last is not None and received >= last:
                 while reader.outstanding > 0:
@@ -856,18 +1032,32 @@ class CheckpointConsumer(_ConsumerBase):
                     ready.cancel()
                     moved.cancel()
                 continue
-            start = self._positions.get(segment_id)
             for item in items:
                 received = max(received, item.position)
                 messages = entry_messages(segment_id, item)
-                if start is not None:
-                    messages = [m for m in messages if (m.position, m.batch_index) > start]
-                self._delivery.put(reader, messages)
+                self._delivery.put(reader, [m for m in messages if not self._covered(m)])
+        if reader.releasing:
+            await reader.halted.wait()
         return False
 
     async def _segment_done(self, reader: _Reader) -> None:
+        if reader.buckets is not None and len(reader.buckets) < self._bucket_counts.get(
+            reader.segment_id, 1
+        ):
+            # Only our buckets are done: the controller drains the segment once every sharer
+            # reported its buckets.
+            segment_id = reader.segment_id
+            log.info("segment %d buckets %s done", segment_id, sorted(reader.buckets))
+            buckets = tuple(sorted(reader.buckets))
+            if self._readers.get(reader.key) is reader:
+                del self._readers[reader.key]
+            self._done_buckets.setdefault(segment_id, set()).update(buckets)
+            self._evaluate()
+            return
         self._state_changed.pop(reader.segment_id, None)
         self._positions.pop(reader.segment_id, None)
+        for unit in [u for u in self._bucket_positions if u[0] == reader.segment_id]:
+            del self._bucket_positions[unit]
         await super()._segment_done(reader)
 
 
@@ -913,8 +1103,6 @@ class QueueConsumer(_ConsumerBase):
         super().__init__(service_url, namespace, topic, subscription, name, **options)
         self.ordered = ordered
         self.release_timeout = release_timeout
-        self.releases = 0
-        """Bucket groups handed over so far."""
 
     async def start(self, within: float = 60.0) -> None:
         if self.ordered:
@@ -945,67 +1133,6 @@ class QueueConsumer(_ConsumerBase):
         if self.ordered:
             super()._evaluate()
 
-    def _sync_segment(self, segment: proto.AssignedSegmentModel) -> None:
-        """Read exactly the assigned buckets: hand over those no longer ours, attach (on a new
-        connection) for the new ones once the segment is readable."""
-        wanted = frozenset(segment.buckets) if segment.buckets is not None else None
-        readers = self._readers_of(segment.segment_id)
-        for reader in readers:
-            if reader.buckets != wanted and (
-                wanted is None or reader.buckets is None or not reader.buckets <= wanted
-            ):
-                self._release(reader)
-        if not readable(segment, self._drained):
-            return
-        if wanted is None:
-            if not readers:
-                self._start_reader(segment.segment_id)
-            return
-        covered: set[int] = set()
-        for reader in readers:
-            covered |= reader.buckets or set()
-        missing = wanted - covered
-        if missing:
-            self._start_reader(segment.segment_id, frozenset(missing))
-
-    def _unassigned(self, reader: _Reader) -> None:
-        self._release(reader)
-
-    def _release(self, reader: _Reader) -> None:
-        """Hand ``reader``'s buckets over: take nothing more from it, let the application
-        settle what it took, then detach (the broker redelivers the rest to the new owner)."""
-        if reader.releasing or reader.stopped:
-            return
-        reader.releasing = True
-        self._spawn(self._finish_release(reader), f"release-{reader.segment_id}")
-
-    async def _finish_release(self, reader: _Reader) -> None:
-        if reader.started:
-            log.info(
-                "segment %d buckets %s: handing over after %d entries in progress",
-                reader.segment_id,
-                sorted(reader.buckets or ()),
-                len(reader.started),
-            )
-            try:
-                async with asyncio.timeout(self.release_timeout):
-                    while reader.started:
-                        reader.settled.clear()
-                        await reader.settled.wait()
-            except TimeoutError:
-                log.warning(
-                    "segment %d: %d entries still in progress after %ss; handing over anyway",
-                    reader.segment_id,
-                    len(reader.started),
-                    self.release_timeout,
-                )
-        task = reader.task
-        self._stop_reader(reader)
-        if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
-        self.releases += 1
-        self._evaluate()
-
     # -- reading ------------------------------------------------------------------------------
 
     async def _pump(self, reader: _Reader, consumer: SegmentConsumer) -> bool:
@@ -1024,18 +1151,6 @@ class QueueConsumer(_ConsumerBase):
 
     def _delivered(self, reader: _Reader, message: Message) -> None:
         reader.started.setdefault(message.position, set())
-
-    def _holder(self, message: Message) -> _Reader | None:
-        """The reader that handed ``message`` out, while it is still in progress."""
-        for reader in self._readers_of(message.segment_id):
-            if message.position in reader.started:
-                return reader
-        return None
-
-    def _settle(self, reader: _Reader, position: int) -> None:
-        del reader.started[position]
-        if not reader.started:
-            reader.settled.set()
 
     async def ack(self, message: Message) -> None:
         self.ack_nowait(message)

@@ -76,13 +76,48 @@ class Checkpoint:
     subscription: str
     positions: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     drained: frozenset[int] = frozenset()
+    bucket_positions: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    """``(segment, bucket)`` -> the last message processed of that entry bucket, recorded while
+    the segment was shared with other consumers (PIP-486); at ``N = 1``, or while this consumer
+    read the whole segment, ``positions`` alone says it."""
 
-    def covers(self, segment_id: int, position: int, batch_index: int) -> bool:
-        """Whether the message was processed before this checkpoint was taken."""
+    def covers(
+        self, segment_id: int, position: int, batch_index: int, bucket: int | None = None
+    ) -> bool:
+        """Whether the message (of entry bucket ``bucket``, if known) was processed before
+        this checkpoint was taken."""
         if segment_id in self.drained:
             return True
         last = self.positions.get(segment_id)
-        return last is not None and (position, batch_index) <= last
+        if last is not None and (position, batch_index) <= last:
+            return True
+        if bucket is None:
+            return False
+        in_bucket = self.bucket_positions.get((segment_id, bucket))
+        return in_bucket is not None and (position, batch_index) <= in_bucket
+
+    def merge(self, other: Checkpoint) -> Checkpoint:
+        """What either checkpoint covers (consumers of one subscription sharing a store)."""
+        if (other.namespace, other.topic, other.subscription) != (
+            self.namespace,
+            self.topic,
+            self.subscription,
+        ):
+            raise ValueError("checkpoints of different subscriptions cannot be merged")
+        positions = dict(self.positions)
+        for s, p in other.positions.items():
+            positions[s] = max(p, positions.get(s, p))
+        buckets = dict(self.bucket_positions)
+        for u, p in other.bucket_positions.items():
+            buckets[u] = max(p, buckets.get(u, p))
+        return Checkpoint(
+            self.namespace,
+            self.topic,
+            self.subscription,
+            positions,
+            self.drained | other.drained,
+            buckets,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,6 +130,16 @@ class Checkpoint:
                 for s, (p, i) in sorted(self.positions.items())
             },
             "drained": sorted(self.drained),
+            **(
+                {
+                    "bucketPositions": {
+                        f"{s}/{b}": {"position": p, "batchIndex": i}
+                        for (s, b), (p, i) in sorted(self.bucket_positions.items())
+                    }
+                }
+                if self.bucket_positions
+                else {}
+            ),
         }
 
     @classmethod
@@ -109,13 +154,22 @@ class Checkpoint:
                 int(s): (int(v["position"]), int(v.get("batchIndex", 0))) for s, v in raw.items()
             }
             drained = frozenset(int(s) for s in data.get("drained") or ())
+            bucket_positions = {
+                (int(k.split("/")[0]), int(k.split("/")[1])): (
+                    int(v["position"]),
+                    int(v.get("batchIndex", 0)),
+                )
+                for k, v in (data.get("bucketPositions") or {}).items()
+            }
             namespace, topic = str(data["namespace"]), str(data["topic"])
             subscription = str(data["subscription"])
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise ValueError(f"malformed checkpoint: {exc!r}") from None
-        if any(s < 0 or p < -1 or i < 0 for s, (p, i) in positions.items()):
-            raise ValueError("malformed checkpoint: negative segment id, position or index")
-        return cls(namespace, topic, subscription, positions, drained)
+        if any(s < 0 or p < -1 or i < 0 for s, (p, i) in positions.items()) or any(
+            s < 0 or b < 0 or p < -1 or i < 0 for (s, b), (p, i) in bucket_positions.items()
+        ):
+            raise ValueError("malformed checkpoint: negative segment id, bucket, position or index")
+        return cls(namespace, topic, subscription, positions, drained, bucket_positions)
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)

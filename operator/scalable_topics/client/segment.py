@@ -704,6 +704,9 @@ class SegmentConsumer:
         self._cumulative: int | None = None
         self._ack_scheduled = False
         self.end_of_segment = False
+        self.end_of_buckets = False
+        """Protocol v2: every entry of the buckets named in ``HELLO`` up to the seal was
+        delivered (queued here); ``last_position`` is the seal's last position."""
         self.last_position: int | None = None
         self.failure: SegmentError | None = None
         self._reader = self._loop.create_task(self._read_loop())
@@ -758,6 +761,9 @@ class SegmentConsumer:
                 elif kind == wire.FRAME_END_OF_SEGMENT:
                     self.last_position = wire.decode_end_of_segment(data)
                     self.end_of_segment = True
+                elif kind == wire.FRAME_END_OF_BUCKETS:
+                    self.last_position = wire.decode_end_of_buckets(data)
+                    self.end_of_buckets = True
                 elif kind == wire.FRAME_ERROR:
                     self.failure = _error_from(wire.decode_json_frame(data), ws.close_code)
                     break
@@ -810,9 +816,15 @@ class SegmentConsumer:
                 self._send(wire.encode_flow(n))
         return out
 
+    @property
+    def queued(self) -> int:
+        """Entries received and not taken yet."""
+        return len(self._queue)
+
     async def wait_ready(self) -> None:
-        """Wait until entries are queued, the segment ended, or the connection failed."""
-        if self._queue or self.end_of_segment or self.failure is not None:
+        """Wait until entries are queued, the segment (or the named buckets) ended, or the
+        connection failed."""
+        if self._queue or self.end_of_segment or self.end_of_buckets or self.failure is not None:
             return
         self._ready.clear()
         await self._ready.wait()

@@ -597,8 +597,7 @@ class ConsumerHub:
                 "replaced by a newer session",
             )
         now = self._clock()
-        if sub.queue:
-            self._sync_buckets(state, sub, self._bucket_counts(state))
+        self._sync_buckets(state, sub, self._bucket_counts(state))
         log.info(
             "consumer hub: %s %s: consumer %s registered (%s, session %d)",
             state,
@@ -612,17 +611,59 @@ class ConsumerHub:
         self._ensure_watch(state)
         return session
 
-    def report_drained(self, session: ConsumerSession, segment_id: int) -> None:
+    def report_drained(
+        self, session: ConsumerSession, segment_id: int, buckets: Collection[int] | None = None
+    ) -> None:
         found = self._current(session)
         if found is None:
             return
         state, sub = found
         now = self._clock()
-        result = self._event(state, sub, lambda c: c.drained(session.consumer, segment_id, now))
+        coordinator = sub.coordinator
+        if buckets is not None and isinstance(coordinator, SubscriptionCoordinator):
+            result = self._event(
+                state,
+                sub,
+                lambda _: coordinator.drained(session.consumer, segment_id, now, buckets),
+            )
+        else:
+            result = self._event(state, sub, lambda c: c.drained(session.consumer, segment_id, now))
         if result.rejected:
             session.send(
                 ErrorMessage(code=ErrorCode.REJECTED, message=result.rejected, fatal=False)
             )
+
+    def report_released(
+        self, session: ConsumerSession, segment_id: int, buckets: Collection[int]
+    ) -> None:
+        """The consumer let go of withheld buckets: hand them to their new owner."""
+        found = self._current(session)
+        if found is None:
+            return
+        state, sub = found
+        coordinator = sub.coordinator
+        if not isinstance(coordinator, SubscriptionCoordinator):
+            session.send(
+                ErrorMessage(
+                    code=ErrorCode.REJECTED,
+                    message="released is for stream and checkpoint consumers",
+                    fatal=False,
+                )
+            )
+            return
+        now = self._clock()
+        log.info(
+            "consumer hub: %s %s: consumer %s released segment %d buckets %s",
+            state,
+            sub.name,
+            session.consumer,
+            segment_id,
+            sorted(buckets),
+            extra=_fields("buckets.released", state, sub, session.consumer, segment=segment_id),
+        )
+        self._event(
+            state, sub, lambda _: coordinator.released(session.consumer, segment_id, buckets, now)
+        )
 
     def record_position(self, session: ConsumerSession, segment_id: int, position: int) -> None:
         found = self._current(session)
@@ -749,7 +790,11 @@ class ConsumerHub:
             )
         sealed = [i for i, s in state.layout.segments.items() if not s.active]
         return SubscriptionCoordinator(
-            state.layout, strategy=strategy, grace_period=state.grace_period, drained=sealed
+            state.layout,
+            strategy=strategy,
+            grace_period=state.grace_period,
+            drained=sealed,
+            buckets=self._bucket_counts(state),
         )
 
     def _coordinator_from(
@@ -766,7 +811,12 @@ class ConsumerHub:
                 grace_period=state.grace_period,
             )
         return SubscriptionCoordinator.from_status(
-            status, state.layout, now, grace_period=state.grace_period, strategy=strategy
+            status,
+            state.layout,
+            now,
+            grace_period=state.grace_period,
+            strategy=strategy,
+            buckets=self._bucket_counts(state),
         )
 
     def _rebuild(self, state: _Topic, sub: _Subscription, strategy: str | None, now: float) -> None:
@@ -792,10 +842,8 @@ class ConsumerHub:
         return {s.segment_id: s.buckets for s in dag.segments if s.buckets is not None}
 
     def _sync_buckets(self, state: _Topic, sub: _Subscription, counts: Mapping[int, int]) -> None:
-        """Give a queue subscription the bucket counts it does not know yet."""
+        """Give a subscription the bucket counts it does not know yet."""
         coordinator = sub.coordinator
-        if not isinstance(coordinator, QueueCoordinator):
-            return
         known = coordinator.buckets
         new = {s: n for s, n in counts.items() if known.get(s) != n}
         if new:

@@ -37,6 +37,7 @@ from ..core.sessions import (
     ErrorMessage,
     PositionMessage,
     RegisterMessage,
+    ReleasedMessage,
     SessionProtocolError,
     UnregisterMessage,
     encode,
@@ -377,9 +378,11 @@ async def _consume_messages(
             session.finish(_protocol_error(str(exc)), CloseCode.BAD_MESSAGE, str(exc))
             return
         if isinstance(message, DrainedMessage):
-            hub.report_drained(session, message.segment)
+            hub.report_drained(session, message.segment, message.buckets)
         elif isinstance(message, PositionMessage):
             hub.record_position(session, message.segment, message.position)
+        elif isinstance(message, ReleasedMessage):
+            hub.report_released(session, message.segment, message.buckets)
         elif isinstance(message, UnregisterMessage):
             hub.unregister(session)
             return

@@ -913,6 +913,8 @@ class SubscriptionCoordinator(Coordinator[int]):
         """Consumer -> consumable segment -> the buckets it reads now (not withheld)."""
         self.reassignments = 0
         """Units that changed owner since this coordinator was made (a counter)."""
+        self._drained_units: dict[int, set[int]] = {}
+        """Sealed segment -> buckets reported consumed (checkpoint consumers sharing it)."""
         super().__init__(layout, grace_period=grace_period, drained=drained, buckets=buckets)
 
     @property
@@ -955,6 +957,38 @@ class SubscriptionCoordinator(Coordinator[int]):
         if primary is not None:
             names.add(primary)
         return tuple(sorted(names))
+
+    def drained(
+        self,
+        name: str | None,
+        segment_id: int,
+        now: float,
+        buckets: Iterable[int] | None = None,
+    ) -> CoordinatorResult:
+        """As :meth:`Coordinator.drained`; with ``buckets``, ``name`` consumed only those
+        buckets of the sealed segment (a checkpoint consumer sharing it, which cannot see the
+        other sharers' progress): the segment is drained once every bucket was reported."""
+        if buckets is None or name is None:
+            return super().drained(name, segment_id, now)
+        reported = set(buckets)
+
+        def apply() -> str | None:
+            rejected = self._check_drained(name, segment_id)
+            if rejected is not None or segment_id not in self._blocked:
+                return rejected
+            mine = {b for (s, b), n in self._effective.items() if s == segment_id and n == name}
+            if not reported <= mine:
+                return (
+                    f"buckets {sorted(reported - mine)} of segment {segment_id} are not "
+                    f"assigned to consumer {name!r}"
+                )
+            done = self._drained_units.setdefault(segment_id, set())
+            done |= reported
+            if len(done) >= self.bucket_count(segment_id):
+                self._drained.add(segment_id)
+            return None
+
+        return self._event(now, apply)
 
     def released(
         self, name: str, segment_id: int, buckets: Iterable[int], now: float
@@ -1041,6 +1075,7 @@ class SubscriptionCoordinator(Coordinator[int]):
 
     def _reconcile(self, *, was_consumable: frozenset[int]) -> None:
         super()._reconcile(was_consumable=was_consumable)
+        self._drained_units = {s: b for s, b in self._drained_units.items() if s in self._blocked}
         self._share()
 
     def _share(self) -> None:

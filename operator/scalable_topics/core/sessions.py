@@ -52,6 +52,8 @@ __all__ = [
     "PositionMessage",
     "RedirectMessage",
     "RegisterMessage",
+    "ReleasedMessage",
+    "ReleasingModel",
     "ServerMessage",
     "SessionProtocolError",
     "UnregisterMessage",
@@ -303,10 +305,12 @@ class RegisterMessage(_Message):
 
 
 class DrainedMessage(_Message):
-    """The consumer has consumed all of sealed segment ``segment`` for its subscription."""
+    """The consumer has consumed all of sealed segment ``segment`` for its subscription, or,
+    with ``buckets``, all of those buckets of it (a checkpoint consumer sharing the segment)."""
 
     type: Literal["drained"] = "drained"
     segment: int = Field(ge=0)
+    buckets: tuple[int, ...] | None = None
 
 
 class PositionMessage(_Message):
@@ -317,6 +321,18 @@ class PositionMessage(_Message):
     position: int = Field(ge=-1)
 
 
+class ReleasedMessage(_Message):
+    """The consumer has let go of ``buckets`` of ``segment`` that its assignment listed under
+    ``releasing``: every entry of them it handed to the application is acknowledged and it has
+    detached from the broker for them, so the controller may hand them to their new owner
+    (PIP-486 hand-off). Sent only in answer to a ``releasing`` entry (servers that send none do
+    not know this message)."""
+
+    type: Literal["released"] = "released"
+    segment: int = Field(ge=0)
+    buckets: tuple[int, ...] = Field(min_length=1, max_length=65536)
+
+
 class UnregisterMessage(_Message):
     """The consumer leaves for good: its segments are redistributed at once (no grace)."""
 
@@ -324,7 +340,7 @@ class UnregisterMessage(_Message):
 
 
 ClientMessage = Annotated[
-    RegisterMessage | DrainedMessage | PositionMessage | UnregisterMessage,
+    RegisterMessage | DrainedMessage | PositionMessage | ReleasedMessage | UnregisterMessage,
     Field(discriminator="type"),
 ]
 
@@ -347,6 +363,18 @@ class AssignedSegmentModel(_SegmentModel):
     buckets: tuple[int, ...] | None = None
 
 
+class ReleasingModel(BaseModel):
+    """Buckets of a segment taken from the consumer and withheld from their new owner until
+    the consumer sends :class:`ReleasedMessage` for them."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
+    )
+
+    segment_id: int = Field(ge=0)
+    buckets: tuple[int, ...]
+
+
 class AssignmentMessage(_Message):
     """A consumer's full assignment (not a delta): replaces whatever it held before.
 
@@ -361,6 +389,7 @@ class AssignmentMessage(_Message):
     consumer: str
     layout_epoch: int = Field(ge=0)
     segments: tuple[AssignedSegmentModel, ...] = ()
+    releasing: tuple[ReleasingModel, ...] = ()
 
 
 def assignment_message(
@@ -383,6 +412,7 @@ def assignment_message(
             )
             for segment in body["segments"]
         ),
+        releasing=tuple(ReleasingModel.model_validate(r) for r in body.get("releasing", ())),
     )
 
 
@@ -416,9 +446,9 @@ ServerMessage = Annotated[
 
 _M = TypeVar("_M")
 
-_CLIENT: TypeAdapter[RegisterMessage | DrainedMessage | PositionMessage | UnregisterMessage] = (
-    TypeAdapter(ClientMessage)
-)
+_CLIENT: TypeAdapter[
+    RegisterMessage | DrainedMessage | PositionMessage | ReleasedMessage | UnregisterMessage
+] = TypeAdapter(ClientMessage)
 _SERVER: TypeAdapter[DagMessage | AssignmentMessage | ErrorMessage | RedirectMessage] = TypeAdapter(
     ServerMessage
 )
@@ -467,7 +497,7 @@ def _describe(error: ValidationError) -> str:
 
 def parse_client_message(
     text: str | bytes,
-) -> RegisterMessage | DrainedMessage | PositionMessage | UnregisterMessage:
+) -> RegisterMessage | DrainedMessage | PositionMessage | ReleasedMessage | UnregisterMessage:
     """Parse a frame sent by a consumer; :class:`SessionProtocolError` when malformed."""
     return _parse(text, _CLIENT, MAX_MESSAGE_BYTES)
 

@@ -23,8 +23,10 @@ from typing import Any
 
 import mmh3
 
-PROTOCOL_VERSION = 1
-"""Highest protocol version this codec speaks. Peers negotiate ``min(client, server)``."""
+PROTOCOL_VERSION = 2
+"""Highest protocol version this codec speaks. Peers negotiate ``min(client, server)``.
+Version 2 (PIP-486 key-shared stream/checkpoint consumers): an Exclusive subscription honours
+the consume ``HELLO``'s ``buckets``, and ``END_OF_BUCKETS`` exists."""
 MIN_PROTOCOL_VERSION = 1
 
 ENTRY_FORMAT = 1
@@ -77,6 +79,7 @@ FRAME_DELIVER = 0x21
 FRAME_ACK = 0x22
 FRAME_NACK = 0x23
 FRAME_END_OF_SEGMENT = 0x24
+FRAME_END_OF_BUCKETS = 0x25
 FRAME_ERROR = 0x7F
 
 _HELLO = struct.Struct("<BH")
@@ -740,6 +743,18 @@ def decode_nack(frame: bytes | memoryview) -> tuple[int, ...]:
 
 def encode_end_of_segment(last_position: int) -> bytes:
     return _EOS.pack(FRAME_END_OF_SEGMENT, last_position)
+
+
+def encode_end_of_buckets(last_position: int) -> bytes:
+    """Version 2: every entry of the consumer's buckets up to the seal was delivered to it."""
+    return _EOS.pack(FRAME_END_OF_BUCKETS, last_position)
+
+
+def decode_end_of_buckets(frame: bytes | memoryview) -> int:
+    if len(frame) != _EOS.size or frame[0] != FRAME_END_OF_BUCKETS:
+        raise WireError("bad_frame", "malformed END_OF_BUCKETS frame")
+    last: int = _EOS.unpack_from(frame, 0)[1]
+    return last
 
 
 def decode_end_of_segment(frame: bytes | memoryview) -> int:

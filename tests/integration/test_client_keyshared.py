@@ -1,0 +1,255 @@
+"""Key-shared ordered consumption for stream consumers (PIP-486, issue 14), on real broker
+processes and the operator's real session server (``client_harness``).
+
+A 2-segment topic (2 entry buckets each) under keyed open-loop load; stream consumers scale
+1 -> 6 -> 2 through a split, one of them dying mid-message and closing without unregistering
+(its buckets held for the grace period, then handed on). With more consumers than segments the
+controller spreads the segments' buckets so that every consumer up to ``sum(N)`` reads; a
+moving bucket is withheld until its previous owner released it. The chaos checker
+(``tests/chaos/checker.py``) judges the union of the deliveries as one ordered subscription:
+nothing acknowledged lost, no key seen out of order, duplicates only where a consumer died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from functools import partial
+
+import pytest
+
+from scalable_topics.client import CheckpointConsumer, ScalableTopicProducer, StreamConsumer
+from scalable_topics.core.assignment import SubscriptionCoordinator
+from scalable_topics.core.buckets import bucket_of
+from scalable_topics.core.hashing import bucket_hash
+from segment_broker.testing import BrokerProcess
+from tests.chaos.checker import RestartKind, check
+from tests.chaos.workload import OpenLoopWriter, Recorder
+
+from .client_harness import OperatorReplica, TopicEnv
+from .conftest import eventually
+from .test_client_queue_order import Interval, Worker, check_exclusive, progressed
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+NS = "keyshared"
+SUB = "work"  # the name the queue test's Worker records under
+GRACE = 2.0
+KEYS = [f"order-{i}" for i in range(16)]
+
+
+class StreamWorker(Worker):
+    """The queue test's worker (record, work a moment, acknowledge), as a stream consumer."""
+
+    async def start(self) -> None:
+        self.session += 1
+        consumer = StreamConsumer(
+            self.service_url, self.namespace, self.topic, SUB, self.name, permits=64
+        )
+        self.consumer = consumer  # type: ignore[assignment]
+        await consumer.start()
+        self.task = asyncio.create_task(self._run(consumer, self.session))  # type: ignore[arg-type]
+
+
+def idle(worker: Worker) -> bool:
+    """Not in the middle of a message (every one it took is acknowledged)."""
+    return not any(
+        i.end is None
+        for items in worker.intervals.values()
+        for i in items
+        if i.worker == worker.name and i.session == worker.session
+    )
+
+
+def _coordinator(env: TopicEnv) -> SubscriptionCoordinator:
+    coordinator = env.operator.hub.coordinator(NS, env.topic, SUB)
+    assert isinstance(coordinator, SubscriptionCoordinator)
+    return coordinator
+
+
+def _readers(coordinator: SubscriptionCoordinator) -> set[str]:
+    return {n for n in coordinator.unit_owners().values()} - set(coordinator.withheld().values())
+
+
+async def test_stream_consumers_share_buckets_beyond_the_segment_count_in_order(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    env = TopicEnv(operator, [b.url for b in brokers], NS, "scaling", subscriptions={SUB: "Stream"})
+    env.grace_period = GRACE
+    await env.create(2)  # two segments of two entry buckets each: sum(N) = 4
+    recorder = Recorder({SUB: True})
+    intervals: dict[str, list[Interval]] = defaultdict(list)
+    names = [f"s{i}" for i in range(6)]
+    workers = {
+        n: StreamWorker(n, env.service_url, NS, env.topic, recorder, intervals) for n in names
+    }
+    releases = 0
+    max_readers = 0
+
+    def readers() -> set[str]:
+        nonlocal max_readers
+        found = _readers(_coordinator(env))
+        max_readers = max(max_readers, len(found))
+        return found
+
+    try:
+        async with ScalableTopicProducer(env.service_url, NS, env.topic, linger_ms=2) as producer:
+            writer = OpenLoopWriter(producer, recorder, KEYS, rate=400.0, pad=16)
+            writer.start()
+            await eventually(lambda: recorder.acked >= 400, within=20)
+            # 1 consumer: both segments, whole.
+            await workers["s0"].start()
+            await progressed(workers, 200, "s0")
+            coordinator = _coordinator(env)
+            assert all(s.buckets is None for s in coordinator.assignment("s0").segments), (
+                "one consumer reads whole segments"
+            )
+
+            # 1 -> 6: every consumer up to sum(N) = 4 gets buckets; 2 wait.
+            for name in names[1:]:
+                await workers[name].start()
+            await eventually(lambda: len(readers()) == 4, within=20)
+            busy = sorted(readers())
+            await progressed(workers, 50, *busy)
+            shared = [s for s in (0, 1) if len(_coordinator(env).sharers(s)) == 2]
+            assert shared == [0, 1], "both segments' buckets are spread"
+
+            # A split while six are registered: the sealed parent drains (wide), children go on.
+            children = await env.split(0)
+            await eventually(lambda: any(d.segment in children for d in recorder.deliveries))
+            await eventually(lambda: 0 in _coordinator(env).drained_segments, within=30)
+
+            # One dies mid-message without unregistering: held for the grace period, then its
+            # buckets go to a waiting consumer.
+            victim = next(n for n in sorted(readers()) if n != "s0")
+            handle = recorder.restart(RestartKind.CONSUMER, victim, SUB)
+            await workers[victim].kill()
+            recorder.restarted(handle)
+            await eventually(lambda: victim not in _coordinator(env).sessions(), within=20)
+            await eventually(lambda: len(readers()) == 4, within=20)
+
+            # 6 -> 2: the others leave cleanly (unregister); two keep everything.
+            keep = ["s0", next(n for n in names if n not in ("s0", victim))]
+            for name in names:
+                if name not in keep and workers[name].consumer is not None:
+                    worker = workers[name]
+                    # an application leaving cleanly finishes (acknowledges) its message first
+                    await eventually(partial(idle, worker), within=10)
+                    consumer, task = worker.consumer, worker.task
+                    worker.consumer = worker.task = None
+                    assert consumer is not None and task is not None
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                    releases += consumer.releases
+                    await consumer.close()
+            await eventually(lambda: readers() == set(keep), within=20)
+            await progressed(workers, 100, *keep)
+
+            unanswered = await writer.stop(30.0)
+            assert unanswered == 0
+        await eventually(lambda: recorder.unread(SUB) == 0, within=40)
+        coordinator = _coordinator(env)
+        owners = coordinator.unit_owners()
+        assert set(owners.values()) == set(keep) and coordinator.withheld() == {}
+    finally:
+        for worker in workers.values():
+            if worker.consumer is not None:
+                releases += worker.consumer.releases
+            await worker.stop()
+        await env.close()
+
+    report = check(recorder.history())
+    print(
+        f"\n{report.summary()}\nreads { ({n: w.reads for n, w in workers.items()}) }, "
+        f"segments { ({n: sorted(w.segments) for n, w in workers.items()}) }, "
+        f"most readers at once {max_readers}, hand-overs {releases}, "
+        f"reassignments {coordinator.reassignments}"
+    )
+    assert report.valid, report.summary()
+    assert report.lost == report.reordered == report.skips == 0, report.summary()
+    assert report.sends["ok"] > 3000, report.summary()
+    check_exclusive(intervals)
+    assert max_readers == 4
+    assert sum(1 for w in workers.values() if w.reads) >= 4, "4 consumers read at once"
+    assert releases > 0, "no bucket was ever handed over"
+    assert {0} <= coordinator.drained_segments
+
+
+async def test_checkpoint_consumers_share_a_segment_by_bucket_and_drain_it_together(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    """Two checkpoint consumers on a one-segment topic of two buckets read one bucket each
+    (per-(segment, bucket) checkpoints); after a split each learns from the broker that its
+    bucket is done (``END_OF_BUCKETS``), reports it, and the children open once both did."""
+    env = TopicEnv(
+        operator,
+        [b.url for b in brokers],
+        NS,
+        "checkpoints",
+        subscriptions={SUB: "Stream"},
+        bucket_budget=2,
+    )
+    await env.create(1)
+    keys = [f"k{i}" for i in range(12)]
+    consumers = [CheckpointConsumer(env.service_url, NS, env.topic, SUB, f"c{i}") for i in (0, 1)]
+    got: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+
+    async def drain(consumer: CheckpointConsumer, until: int) -> None:
+        while len(got[consumer.name]) < until:
+            message = await consumer.receive()
+            assert message.key is not None
+            got[consumer.name].append((message.key, int(message.value), message.segment_id))
+
+    try:
+        for consumer in consumers:
+            await consumer.start()
+        await eventually(
+            lambda: all(
+                [s.buckets for s in _coordinator(env).assignment(c.name).segments]
+                in ([(0,)], [(1,)])
+                for c in consumers
+            ),
+            within=10,
+        )
+        async with ScalableTopicProducer(env.service_url, NS, env.topic) as producer:
+            for n in range(10):
+                for key in keys:
+                    await producer.send(b"%d" % n, key=key)
+            await producer.flush()
+            bucket_of_key = {k: bucket_of(bucket_hash(k), 2) for k in keys}
+            expected = {b: sum(10 for k in keys if bucket_of_key[k] == b) for b in (0, 1)}
+            owner = {
+                b: next(c for c in consumers if _coordinator(env).unit_owners()[(0, b)] == c.name)
+                for b in (0, 1)
+            }
+            async with asyncio.timeout(20):
+                await asyncio.gather(*(drain(owner[b], expected[b]) for b in (0, 1)))
+            for b in (0, 1):
+                name = owner[b].name
+                assert {bucket_of_key[k] for k, _, _ in got[name]} == {b}
+                for key in {k for k, _, _ in got[name]}:
+                    values = [v for k, v, _ in got[name] if k == key]
+                    assert values == list(range(10)), f"{key}: {values}"
+                checkpoint = owner[b].checkpoint()
+                assert set(checkpoint.bucket_positions) == {(0, b)}
+            children = await env.split(0)
+            await eventually(lambda: 0 in _coordinator(env).drained_segments, within=20)
+            for n in range(10, 12):
+                for key in keys:
+                    await producer.send(b"%d" % n, key=key)
+            await producer.flush()
+            total = sum(len(v) for v in got.values())
+            async with asyncio.timeout(20):
+                while total < 12 * len(keys):
+                    done, _ = await asyncio.wait(
+                        [asyncio.ensure_future(c.receive()) for c in consumers],
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    for task in done:
+                        message = task.result()
+                        assert message.key is not None and message.segment_id in children
+                        total += 1
+    finally:
+        for consumer in consumers:
+            await consumer.close()
+        await env.close()
