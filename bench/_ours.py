@@ -135,11 +135,14 @@ class OursAdapter:
         self.url = str(endpoint["url"])
         self.segment = int(endpoint.get("run", 0))
         self.per_message = per_message
+        admin = endpoint.get("adminTokenFile")
+        self.admin_token = Path(admin).read_text().strip() if admin else None
+        """The admin identity's token when the broker runs with --auth (bench/_auth.py)."""
 
     async def reset(self) -> None:
         from scalable_topics.client.segment import SegmentAdmin
 
-        async with SegmentAdmin(self.url) as admin:
+        async with SegmentAdmin(self.url, token=self.admin_token) as admin:
             await admin.delete_segment(NAMESPACE, TOPIC, self.segment)
             await admin.create_segment(
                 NAMESPACE,

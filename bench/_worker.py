@@ -28,6 +28,7 @@ ADAPTERS = {
     "redis": "bench._peers:redis_adapter",
     "ours": "bench._ours:ours_adapter",
     "ours-msg": "bench._ours:ours_message_adapter",
+    "ours-auth": "bench._auth:ours_auth_adapter",
 }
 
 T = TypeVar("T")

@@ -21,7 +21,11 @@ Every system but Kafka gets the same client shape: one uvloop process, batches o
 messages, at most `WINDOW` messages in flight. Server and client CPU use are recorded per step;
 ≥ 85 % of a core is flagged (client-bound / server-bound).
 
-Set `BENCH_BROKER_SYSTEMS=ours,nats,redis,kafka,kafka-sync` (any subset) to run fewer systems;
+`ours-auth` is our broker with authentication on (`bench/_auth.py`: TokenReview and
+SubjectAccessReview against a real kube-apiserver), interleaved with `ours` for the cost of it.
+
+Set `BENCH_BROKER_SYSTEMS=ours,ours-auth,nats,redis,kafka,kafka-sync` (any subset) to run fewer
+systems;
 `ours-msg` (not run by default) adds our broker driven through the SDK's per-message
 `send(value, key)`.
 """
@@ -165,7 +169,7 @@ class SystemRun:
 
 def _systems() -> list[System]:
     """All systems, or those named in `BENCH_BROKER_SYSTEMS` (comma-separated keys)."""
-    from bench import _ours
+    from bench import _auth, _ours
 
     kafka = _kafka.SharedKafka()
     every = [
@@ -174,6 +178,14 @@ def _systems() -> list[System]:
             "segment broker",
             _ours.DURABILITY,
             _ours.start_ours,
+            _ours.fsync_stats,
+            _ours.fsync_delta,
+        ),
+        System(
+            "ours-auth",
+            "segment broker, --auth kubernetes",
+            _ours.DURABILITY,
+            _auth.start_ours_auth,
             _ours.fsync_stats,
             _ours.fsync_delta,
         ),
@@ -854,6 +866,47 @@ def _metric(sr: SystemRun | None, payload: int, metric: str) -> float | None:
 PEERS = ("nats", "redis", "kafka", "kafka-sync")
 
 
+AUTH_COST_TARGET = 0.05
+
+
+def _auth_cost(section: Section, off: SystemRun | None, on: SystemRun | None) -> None:
+    """Throughput (saturation) and p99 at 80 % with authentication off and on, same run."""
+    rows: list[list[Cell]] = []
+    for payload in PAYLOADS:
+        a, b = _metric(off, payload, "saturation"), _metric(on, payload, "saturation")
+        cost = 1.0 - b / a if a and b is not None else None
+        p99 = [
+            s.result.p99_ms if s else None
+            for s in (
+                off.runs[payload].at80 if off and payload in off.runs else None,
+                on.runs[payload].at80 if on and payload in on.runs else None,
+            )
+        ]
+        rows.append(
+            [
+                payload,
+                None if a is None else round(a),
+                None if b is None else round(b),
+                None if cost is None else f"{cost:+.1%}",
+                _ms(p99[0]),
+                _ms(p99[1]),
+            ]
+        )
+        if cost is not None:
+            section.figure("auth_throughput_cost", cost * 100, "%", payload=str(payload))
+        section.target(
+            f"authentication costs < {AUTH_COST_TARGET:.0%} throughput, {payload} B",
+            cost is not None and cost < AUTH_COST_TARGET,
+            f"{a:,.0f} -> {b:,.0f} msg/s ({cost:+.1%})" if cost is not None else "not measured",
+            f"< {AUTH_COST_TARGET:.0%}",
+        )
+    section.table(
+        "Authentication cost (same run, interleaved; decisions per connection)",
+        ["payload B", "msg/s auth off", "msg/s auth on", "cost", "p99 80 % off", "p99 80 % on"],
+        rows,
+    )
+
+
 def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
     by = {sr.key: sr for sr in runs}
     ours = by.get("ours")
@@ -890,6 +943,8 @@ def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
             rows,
         ),
     )
+
+    _auth_cost(section, ours, by.get("ours-auth"))
 
     kb = ours.runs.get(1024) if ours else None
     for peer, name in (("nats", "JetStream publish_async"), ("redis", "Redis XADD")):

@@ -1,0 +1,65 @@
+"""`make bench` measures the cost of authentication: the broker bench's `ours-auth` system (our
+broker with `--auth kubernetes` against a real kube-apiserver, interleaved with `ours`) is
+measured through every phase, the report has the cost table and figures, and the control
+plane is gone afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _apiservers_under(root: Path) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"kube-apiserver" in a for a in cmdline) and any(
+            str(root).encode() in a for a in cmdline
+        ):
+            found.append(int(proc.name))
+    return found
+
+
+def test_quick_bench_measures_produce_with_authentication_on_and_off(tmp_path: Path) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "BENCH_BROKER_SYSTEMS": "ours,ours-auth", "TMPDIR": str(scratch)}
+    out = tmp_path / "report"
+    cmd = [sys.executable, "-m", "bench.run", "--quick", "--only", "broker", "--out", str(out)]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=420)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+    [section] = json.loads((out / "latest.json").read_text())["sections"]
+    systems = {s["key"]: s for s in section["data"]["systems"]}
+    assert set(systems) == {"ours", "ours-auth"}
+    assert "--auth kubernetes" in systems["ours-auth"]["version"]
+    for s in systems.values():
+        assert s["error"] is None
+        for payload in ("100", "1024"):
+            run = s["runs"][payload]
+            assert run["saturation"] > 0
+            assert run["steps"][1]["kind"] == "80%" and run["steps"][1]["p99_ms"] > 0
+    costs = {
+        f["labels"]["payload"]: f["value"]
+        for f in section["figures"]
+        if f["name"] == "auth_throughput_cost"
+    }
+    assert set(costs) == {"100", "1024"}
+    for payload, cost in costs.items():
+        off = systems["ours"]["runs"][payload]["saturation"]
+        on = systems["ours-auth"]["runs"][payload]["saturation"]
+        assert abs(cost - 100 * (1 - on / off)) < 1e-6
+    markdown = (out / "latest.md").read_text()
+    assert "Authentication cost (same run, interleaved" in markdown
+    assert "authentication costs < 5% throughput, 100 B" in markdown
+    assert _apiservers_under(scratch) == []
