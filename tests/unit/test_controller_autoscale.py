@@ -206,6 +206,11 @@ def _bucket_max(world: World, name: str) -> None:
     )
 
 
+def _buckets_suffice(world: World, name: str) -> None:
+    world.consumers = {"billing": 4}  # more than the 2 segments, not than their 4 buckets
+    put_topic(world, name, SegmentLayout.initial(2), AutoScalePolicy(), buckets={0: 2, 1: 2})
+
+
 def _min_segments(world: World, name: str) -> None:
     put_topic(world, name, SegmentLayout.initial(2), AutoScalePolicy(min_segments=2), age=AGED)
 
@@ -233,6 +238,7 @@ SCENARIOS: dict[str, tuple[Scenario, dict[str, float]]] = {
     "unsplittable": (_unsplittable, {"unsplittable": 1}),
     "buckets-unknown": (_buckets_unknown, {"max-segments": 1, "buckets-unknown": 1}),
     "bucket-max": (_bucket_max, {"max-segments": 1, "bucket-max": 1}),
+    "buckets-suffice": (_buckets_suffice, {"buckets-suffice": 1}),
     "min-segments": (_min_segments, {"min-segments": 1}),
     "merge-cooldown": (_merge_cooldown, {"merge-cooldown": 1}),
     "max-dag-depth": (_max_dag_depth, {"max-dag-depth": 1}),

@@ -291,7 +291,22 @@ def test_rebucket_raises_only_the_smallest_counts() -> None:
 def test_rebucket_not_needed_when_buckets_already_cover_the_consumers() -> None:
     layout = SegmentLayout.initial(4)
     decision = run(layout, {}, {"s": 7}, MAX4, buckets={0: 4, 1: 1, 2: 1, 3: 1})
-    assert decision == Decision(None, (Suppression.MAX_SEGMENTS,))
+    assert decision == Decision(None, (Suppression.BUCKETS_SUFFICE,))
+
+
+def test_buckets_covering_the_consumers_stop_consumer_splits_below_max_segments() -> None:
+    """PIP-486: consumers beyond the segments but within their buckets share buckets; the
+    topic neither splits nor rebuckets for them (the load rule still splits a hot segment)."""
+    layout = SegmentLayout.initial(2)
+    hot = {0: sample(mi=20_000), 1: sample(mi=900)}
+    decision = run(layout, hot, {"s": 4}, buckets={0: 2, 1: 2})
+    assert decision.action == Split(0, "msg-rate-in")
+    assert decision.suppressed == (Suppression.BUCKETS_SUFFICE,)
+    quiet = run(layout, {1: sample(mi=900)}, {"s": 4}, buckets={0: 2, 1: 2})
+    assert quiet == Decision(None, (Suppression.BUCKETS_SUFFICE,))
+    # beyond the buckets, a busy topic splits (segments first) ...
+    busy = run(layout, {1: sample(mi=5000)}, {"s": 5}, buckets={0: 2, 1: 2})
+    assert busy.action == Split(1, "consumer-count")
 
 
 def test_rebucket_never_exceeds_bucket_max() -> None:
@@ -335,10 +350,17 @@ def test_rebucket_names_segments_in_range_order() -> None:
     )
 
 
-def test_no_rebucket_below_max_segments() -> None:
+def test_below_max_segments_a_busy_topic_splits_and_a_quiet_one_rebuckets() -> None:
+    """Segments first only where throughput justifies one: a busiest segment below the merge
+    threshold would split into cold children that merge back (PIP-486 use case 2)."""
     layout = SegmentLayout.initial(3)
-    decision = run(layout, {}, {"s": 10}, MAX4, buckets={0: 1, 1: 1, 2: 1})
-    assert decision.action == Split(0, "consumer-count")
+    busy = run(layout, {0: sample(mi=1000)}, {"s": 10}, MAX4, buckets={0: 1, 1: 1, 2: 1})
+    assert busy.action == Split(0, "consumer-count")
+    quiet = run(layout, {0: sample(mi=999)}, {"s": 10}, MAX4, buckets={0: 1, 1: 1, 2: 1})
+    assert quiet.action == Rebucket((0, 1, 2), 4, "consumer-count")
+    assert isinstance(quiet.action, Rebucket)
+    assert "below the merge threshold 1000/s" in quiet.action.detail
+    assert quiet.suppressed == ()
 
 
 # -- merge -------------------------------------------------------------------------------------

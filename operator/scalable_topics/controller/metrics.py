@@ -33,7 +33,8 @@ AUTOSCALE_SUPPRESSED = Counter(
     "scalable_topic_autoscale_suppressed_total",
     "Auto-scale evaluations where the rules wanted an action that a gate held back, by the "
     "gate (core.evaluator.Suppression values: max-segments, split-cooldown, unsplittable, "
-    "buckets-unknown, bucket-max, min-segments, merge-cooldown, max-dag-depth, disabled)",
+    "buckets-unknown, bucket-max, buckets-suffice, min-segments, merge-cooldown, max-dag-depth, "
+    "disabled)",
     (*TOPIC_LABELS, "reason"),
 )
 OPERATIONS = Counter(

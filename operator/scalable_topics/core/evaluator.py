@@ -14,7 +14,12 @@ The rules, in order:
 
    - Consumer-driven: when the largest stream-subscription consumer count exceeds the number of
      active segments, split the active segment with the highest ``msg_rate_in`` (no sample counts
-     as 0; ties go to the lowest id). Reason ``consumer-count``.
+     as 0; ties go to the lowest id). Reason ``consumer-count``. With the bucket counts known
+     (PIP-486, "segments first, ``N`` once segments are capped"): nothing when the consumers do
+     not outnumber the active segments' buckets (``buckets-suffice``: the controller spreads the
+     buckets over them); a rebucket instead of the split when the busiest segment's
+     ``msg_rate_in`` is below ``merge_msg_rate_in_threshold`` (its children would be cold and
+     merge back).
    - Otherwise load-driven: a segment's score is the largest of its four ``rate / split
      threshold`` ratios; segments scoring strictly above 1 qualify and the highest score is split
      (ties: lowest id). The reason names the metric of that ratio (``msg-rate-in``,
@@ -151,6 +156,10 @@ class Suppression(enum.StrEnum):
     """A cold pair could merge but the last merge is within ``merge_cooldown``."""
     MAX_DAG_DEPTH = "max-dag-depth"
     """Cold adjacent pairs exist but every one of them would exceed ``max_dag_depth``."""
+    BUCKETS_SUFFICE = "buckets-suffice"
+    """More stream consumers than active segments, but no more than the active segments'
+    entry buckets: the controller spreads the buckets over them (PIP-486 key-shared), so no
+    split or rebucket is needed for them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +253,13 @@ def _split_pass(
     splittable = [s for s in active if s.hash_range.size > 1]
     demand = max(stream_consumers.values(), default=0)
 
-    if demand > len(active):
+    known = buckets is not None and all(s.segment_id in buckets for s in active)
+    capacity = sum(buckets[s.segment_id] for s in active) if buckets is not None and known else 0
+    if demand > len(active) and known and demand <= capacity:
+        # PIP-486: the controller spreads the buckets over the consumers; nothing to do for
+        # them (the load rule below still applies).
+        suppressed.append(Suppression.BUCKETS_SUFFICE)
+    elif demand > len(active):
         if at_max:
             suppressed.append(Suppression.MAX_SEGMENTS)
         if cooling:
@@ -256,6 +271,22 @@ def _split_pass(
             suppressed.append(Suppression.UNSPLITTABLE)
             return None
         busiest = min(splittable, key=lambda s: (-_msg_rate_in(load, s), s.segment_id))
+        rate = _msg_rate_in(load, busiest)
+        if known and rate < policy.merge_msg_rate_in_threshold:
+            # Segments first only where throughput justifies a physical segment: children of
+            # a segment below the merge threshold would be cold and merge back (use case 2).
+            return _rebucket(
+                active,
+                demand,
+                policy,
+                buckets,
+                bucket_max,
+                suppressed,
+                why=(
+                    f"busiest segment {busiest.descriptor} msgRateIn {rate:g}/s is below the "
+                    f"merge threshold {policy.merge_msg_rate_in_threshold:g}/s"
+                ),
+            )
         return Split(
             busiest.segment_id,
             REASON_CONSUMER_COUNT,
@@ -319,8 +350,10 @@ def _rebucket(
     buckets: Mapping[int, int] | None,
     bucket_max: int,
     suppressed: list[Suppression],
+    why: str | None = None,
 ) -> Rebucket | None:
-    """PIP-486's lever beyond ``max_segments``: raise the smallest bucket counts.
+    """PIP-486's lever beyond ``max_segments`` (or below it when throughput does not justify a
+    split, ``why``): raise the smallest bucket counts.
 
     With ``C`` the largest stream-subscription consumer count and ``b_s`` the bucket count of
     active segment ``s``, nothing is needed when ``sum(b_s) >= C``. Otherwise the target is the
@@ -366,7 +399,8 @@ def _rebucket(
         REASON_CONSUMER_COUNT,
         detail=(
             f"{demand} consumers on a stream subscription exceed {len(active)} active segments "
-            f"at maxSegments {policy.max_segments}; buckets {total} -> {total_at(level)}"
+            f"{why or f'at maxSegments {policy.max_segments}'} and their {total} buckets; "
+            f"buckets {total} -> {total_at(level)}"
         ),
     )
 
