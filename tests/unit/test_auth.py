@@ -4,6 +4,7 @@ gets, and a rotated token reaching the next request."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -191,3 +192,67 @@ async def test_client_session_presents_the_current_token(tmp_path: Path) -> None
     finally:
         await runner.cleanup()
     assert seen == ["Bearer first", "Bearer second"]
+
+
+async def test_an_unreachable_api_server_refuses_with_auth_unavailable(tmp_path: Path) -> None:
+    """Fail closed: no API server to ask means 503 / close 1013, and nothing is cached."""
+    from scalable_topics.client.segment import AccessDeniedError, SegmentError, SegmentProducer
+    from scalable_topics.kubeauth import KubernetesAuth
+    from segment_broker.access import BrokerAccess
+    from segment_broker.config import BrokerConfig
+    from segment_broker.server import Broker
+    from segment_broker.testing import free_port
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "gone",
+                        "cluster": {
+                            "server": f"https://127.0.0.1:{free_port()}",
+                            "insecure-skip-tls-verify": True,
+                        },
+                    }
+                ],
+                "users": [{"name": "u", "user": {"token": "x"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "gone", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    token = tmp_path / "token"
+    token.write_text("some-token")
+    auth = await KubernetesAuth.connect(str(kubeconfig))
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path / "data")))
+    app = broker.make_app()
+    BrokerAccess(auth, frozenset(), broker.metrics).protect(app)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await broker.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with client_session(token) as session:
+            async with session.get(url + "/admin/v1/segments") as response:
+                body = await response.json()
+            assert response.status == 503, body
+            assert body["error"]["code"] == "AuthUnavailable"
+            assert "TokenReview failed" in body["error"]["message"]
+            with pytest.raises(SegmentError) as refused:
+                await SegmentProducer.connect(url, "ns", "t", 0, "p", session=session)
+            assert refused.value.code == "AuthUnavailable"
+            assert not isinstance(refused.value, AccessDeniedError)  # retryable
+            async with session.get(url + "/healthz") as health:
+                assert health.status == 200  # probes need no credentials
+    finally:
+        await broker.stop()
+        await runner.cleanup()
+        await auth.close()
+    assert auth.token_reviews == 0 and len(auth._identities) == 0
+    refusals = broker.metrics.auth_refusals.labels("AuthUnavailable")._value.get()
+    assert refusals == 2
