@@ -35,10 +35,12 @@ from .storage.segment import (
     SegmentCorruptedError,
     SegmentGoneError,
     SegmentNotWritableError,
+    SegmentReleasingError,
     SegmentSealedError,
     StorageSettings,
 )
 from .store import ConflictError, HostedSegment, NotFoundError, SegmentStore
+from .transfer import TransferRoutes, hold_incoming
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +212,7 @@ class Broker:
         r.add_delete(seg + "/subscriptions/{subscription}", self.delete_subscription)
         r.add_get("/ws/v1/produce/{namespace}/{topic}/{segment_id}", self.produce)
         r.add_get("/ws/v1/consume/{namespace}/{topic}/{segment_id}/{subscription}", self.consume)
+        TransferRoutes(self).register(app, seg)
         return app
 
     @web.middleware
@@ -823,6 +826,8 @@ class ProducerConnection(_Connection):
                 self.refused = True
                 self.out_event.set()
                 return
+            except SegmentReleasingError:
+                continue  # fenced for a transfer: not stored, not acknowledged, re-sent later
             except SegmentNotWritableError:
                 raise _not_writable() from None
             except SegmentCorruptedError:
@@ -924,6 +929,11 @@ class ConsumerConnection(_Connection):
     """Push consumption of one subscription with permits."""
 
     role = "consumer"
+
+    async def _admit(self) -> None:
+        assert self.hosted is not None
+        if not await hold_incoming(self.hosted, self.broker.config.fence_wait_s):
+            raise _not_writable()
 
     def __init__(self, broker: Broker, ws: web.WebSocketResponse, request: web.Request) -> None:
         super().__init__(broker, ws, request)

@@ -79,6 +79,12 @@ class SegmentNotWritableError(Exception):
     parents are not sealed yet) and has not been activated."""
 
 
+class SegmentReleasingError(SegmentNotWritableError):
+    """Appending to a segment fenced for an ownership transfer (``fence_reason`` "releasing"):
+    the entry is neither stored nor acknowledged and the producer stays connected; it re-sends
+    at the new owner named in the close frame (docs/protocol.md, "Ownership transfer")."""
+
+
 class SegmentGoneError(Exception):
     """The segment was deleted or the broker is shutting down."""
 
@@ -256,6 +262,9 @@ class Segment:
         self.writable_event = asyncio.Event()
         """Set once the segment accepts writes (created writable, or activated)."""
         self.writable_event.set()
+        self.fence_reason: str | None = None
+        """Why a fenced segment is fenced: ``None`` (a split or merge child), ``"incoming"``
+        (a transfer's copy on its destination) or ``"releasing"`` (a transfer's source)."""
         self._terminating: asyncio.Future[SealInfo] | None = None
         self.closed = False
         self.producers: dict[str, ProducerState] = {}
@@ -292,12 +301,20 @@ class Segment:
         self.bytes_out = 0
         self.duplicates = 0
         self.fsyncs = 0
+        self.ignored_while_releasing = 0
+        """Entries a transfer's fence kept from being stored (their producers re-send them)."""
 
     # --- lifecycle -----------------------------------------------------------------------------
 
     @classmethod
     def create_blocking(
-        cls, directory: Path, meta: SegmentMeta, subs: dict[str, str], *, writable: bool = True
+        cls,
+        directory: Path,
+        meta: SegmentMeta,
+        subs: dict[str, str],
+        *,
+        writable: bool = True,
+        fence_reason: str | None = None,
     ) -> None:
         """Create the directory, fence marker, initial cursors (position 0) and, last, the
         identity file durably: a segment found on recovery has everything written before it."""
@@ -305,7 +322,10 @@ class Segment:
         if writable:
             (directory / FENCE_FILE).unlink(missing_ok=True)
         else:
-            atomic_write_json(directory / FENCE_FILE, {"fencedAt": time.time()})
+            marker: dict[str, Any] = {"fencedAt": time.time()}
+            if fence_reason is not None:
+                marker["reason"] = fence_reason
+            atomic_write_json(directory / FENCE_FILE, marker)
         for name, sub_type in subs.items():
             cur = Cursor(name=name, type=SubscriptionType.parse(sub_type))
             atomic_write_json(directory / "cursors" / f"{name}.json", cur.to_json())
@@ -314,12 +334,15 @@ class Segment:
 
     async def open(self) -> RecoveryReport:
         loop = asyncio.get_running_loop()
-        report, fenced = await loop.run_in_executor(self.executor, self._open_blocking)
+        report, fenced, fence_reason = await loop.run_in_executor(
+            self.executor, self._open_blocking
+        )
         self.recovery = report
         if self.seal is not None:
             self.sealed_event.set()
         if fenced:
             self.writable_event.clear()
+            self.fence_reason = fence_reason
         self.visible_position = self.log.durable_position
         self._cache_base = self.log.next_position
         self._loop = loop
@@ -331,7 +354,7 @@ class Segment:
         self._tasks.append(loop.create_task(self._cursor_loop(), name=f"cursors {self.name}"))
         return report
 
-    def _open_blocking(self) -> tuple[RecoveryReport, bool]:
+    def _open_blocking(self) -> tuple[RecoveryReport, bool, str | None]:
         """Recover the log, cursors, seal and dedup table; also says whether the segment is
         fenced (the event it clears belongs to the loop, not to this thread)."""
         report = self.log.open()
@@ -346,7 +369,11 @@ class Segment:
         if sealed.exists():
             self.seal = SealInfo.from_json(read_json(sealed))
         self._rebuild_dedup()
-        return report, (self.directory / FENCE_FILE).exists()
+        fence = self.directory / FENCE_FILE
+        if not fence.exists():
+            return report, False, None
+        reason = read_json(fence).get("reason")
+        return report, True, reason if isinstance(reason, str) else None
 
     def _rebuild_dedup(self) -> None:
         """Load the newest usable dedup snapshot and replay the log after it.
@@ -428,8 +455,11 @@ class Segment:
 
     # --- produce -------------------------------------------------------------------------------
 
-    def append(self, entry: bytes | memoryview, header: EntryHeader) -> tuple[int, bool]:
-        """Stage an entry. Returns ``(position, duplicate)``.
+    def append(
+        self, entry: bytes | memoryview, header: EntryHeader, *, copying: bool = False
+    ) -> tuple[int, bool]:
+        """Stage an entry. Returns ``(position, duplicate)``. ``copying``: an entry of a
+        transfer's source copied into this fenced copy (the fence does not refuse it).
 
         A duplicate (sequence id not above the producer's last stored one) is not written; its
         position is the original one, or -1 when it is older than the retained history.
@@ -445,7 +475,10 @@ class Segment:
             raise SegmentSealedError(self.seal)
         if self.log.corruption is not None:
             raise SegmentCorruptedError(self.name, self.log.corruption)
-        if not self.writable_event.is_set():
+        if not self.writable_event.is_set() and not copying:
+            if self.fence_reason == "releasing":
+                self.ignored_while_releasing += 1
+                raise SegmentReleasingError(self.name)
             raise SegmentNotWritableError(self.name)
         pos = self.log.stage(entry)
         if st is None:
@@ -627,6 +660,25 @@ class Segment:
             cb()
         return info
 
+    async def adopt_seal(self, info: SealInfo) -> None:
+        """Take the seal of the copy this one was made from (an ownership transfer): the same
+        last position, successors and time, made durable before anyone is told."""
+        if self.seal is not None:
+            return
+        if info.last_position != self.log.next_position - 1:
+            raise ValueError(
+                f"{self.name}: seal at {info.last_position}, log ends at "
+                f"{self.log.next_position - 1}"
+            )
+        await self.wait_flushed()
+        await asyncio.get_running_loop().run_in_executor(
+            self.executor, atomic_write_json, self.directory / "sealed.json", info.to_json()
+        )
+        self.seal = info
+        self.sealed_event.set()
+        for cb in list(self.seal_listeners):
+            cb()
+
     @property
     def sealed(self) -> bool:
         return self.seal is not None
@@ -646,7 +698,20 @@ class Segment:
             fsync_dir(self.directory)
 
         await asyncio.get_running_loop().run_in_executor(self.executor, unfence)
+        self.fence_reason = None
         self.writable_event.set()
+
+    async def fence(self, reason: str) -> None:
+        """Stop accepting writes for an ownership transfer, durably (the marker names
+        ``reason``, so a restart keeps the fence and its kind); idempotent. Everything staged
+        before is flushed (and so acknowledged) before this returns."""
+        self.fence_reason = reason
+        self.writable_event.clear()
+        body = {"fencedAt": time.time(), "reason": reason}
+        await asyncio.get_running_loop().run_in_executor(
+            self.executor, atomic_write_json, self.directory / FENCE_FILE, body
+        )
+        await self.wait_flushed()
 
     async def truncate(self, position: int) -> TruncateReport:
         """Lift the quarantine: cut the log at ``position``, its first damaged record, for an

@@ -41,6 +41,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = [
+    "CLOSE_SEGMENT_MOVED",
+    "ERR_SEGMENT_MOVED",
+    "MOVED_VERSION",
     "Action",
     "BrokerView",
     "Endpoint",
@@ -48,8 +51,35 @@ __all__ = [
     "TransferPhase",
     "TransferView",
     "is_orphan_copy",
+    "moved_fields",
+    "moved_to",
     "next_action",
 ]
+
+CLOSE_SEGMENT_MOVED = 4011
+"""Close code after the ``ERROR`` frame that tells a client where its segment went."""
+ERR_SEGMENT_MOVED = "SegmentMoved"
+MOVED_VERSION = 1
+"""Version of the moved close frame's fields (``movedVersion``); a client that does not know a
+higher version ignores the URL and rediscovers the owner through its DAG session."""
+
+
+def moved_fields(url: str) -> dict[str, Any]:
+    """The fields the source adds to its closing ``ERROR`` frame (seed 004's
+    ``assignedBrokerServiceUrl``)."""
+    return {"movedVersion": MOVED_VERSION, "assignedBrokerServiceUrl": url}
+
+
+def moved_to(body: Mapping[str, Any], close_code: int | None) -> str | None:
+    """The new owner's URL in a closing ``ERROR`` body, or None when the close is not a move
+    this client understands."""
+    if body.get("code") != ERR_SEGMENT_MOVED and close_code != CLOSE_SEGMENT_MOVED:
+        return None
+    version = body.get("movedVersion")
+    url = body.get("assignedBrokerServiceUrl")
+    if version != MOVED_VERSION or not isinstance(url, str) or not url:
+        return None
+    return url
 
 
 class TransferPhase(enum.StrEnum):
