@@ -49,6 +49,8 @@ def exported() -> tuple[dict[str, str], dict[str, set[str]]]:
     broker.watch_segments(list)
     names = _family_names(REGISTRY) | _family_names(broker.registry)
     labels = _declared(vars(operator_metrics).values()) | _declared(vars(broker).values())
+    for collected in operator_metrics.KEY_SHARED.describe():
+        labels[collected.name] = set(operator_metrics.KEY_SHARED.LABELS)
     per_segment = set(broker_metrics._SEG_LABELS)
     for family in set(names.values()):
         if family.startswith("segment_broker_") and family not in labels:

@@ -57,6 +57,7 @@ from ..core.sessions import (
     consumers_path,
     encode,
 )
+from . import metrics
 
 if TYPE_CHECKING:
     from .sessions import DagSource, Routing
@@ -309,6 +310,7 @@ class ConsumerHub:
         self._own_url = ""
         self._topics: dict[tuple[str, str], _Topic] = {}
         self._closed = False
+        metrics.KEY_SHARED.sources.add(self)
 
     def bind(self, *, dags: DagSource, routing: Routing, own_url: str = "") -> None:
         """Give the hub the replica's topic cache (broker URLs for assignments, broker moves)
@@ -545,6 +547,34 @@ class ConsumerHub:
         if sub is None:
             return {}
         return {name: dict(p) for name, p in sub.positions.items()}
+
+    def key_shared_samples(self) -> list[metrics.KeySharedSample]:
+        """PIP-486 metrics of every consumable segment of every Stream subscription served."""
+        samples = []
+        for state in self._topics.values():
+            for sub in state.subscriptions.values():
+                c = sub.coordinator
+                if not isinstance(c, SubscriptionCoordinator):
+                    continue
+                withheld: dict[int, int] = {}
+                for segment_id, _ in c.withheld():
+                    withheld[segment_id] = withheld.get(segment_id, 0) + 1
+                wide = set(c.drain_wide())
+                for segment_id in sorted({s for s, _ in c.unit_owners()}):
+                    samples.append(
+                        metrics.KeySharedSample(
+                            state.namespace,
+                            state.name,
+                            sub.name,
+                            segment_id,
+                            c.bucket_count(segment_id),
+                            len(c.sharers(segment_id)),
+                            withheld.get(segment_id, 0),
+                            segment_id in wide,
+                            c.reassignments_by_segment.get(segment_id, 0),
+                        )
+                    )
+        return samples
 
     def session_count(self) -> int:
         return sum(

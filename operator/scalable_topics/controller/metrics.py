@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..core.layout import SegmentLayout
@@ -150,6 +151,85 @@ class _OperationsInProgress(Collector):
 
 OPERATIONS_IN_PROGRESS = _OperationsInProgress()
 REGISTRY.register(OPERATIONS_IN_PROGRESS)
+
+
+class KeySharedSample(NamedTuple):
+    """Key-shared consumption (PIP-486) of one consumable segment of a Stream subscription."""
+
+    namespace: str
+    topic: str
+    subscription: str
+    segment: int
+    buckets: int
+    consumers: int
+    withheld: int
+    drain_wide: bool
+    reassignments: int
+
+
+class KeySharedSource(Protocol):
+    def key_shared_samples(self) -> Iterable[KeySharedSample]: ...
+
+
+class _KeyShared(Collector):
+    """PIP-486's per-segment metrics, read at each scrape from the consumer hubs of this
+    replica (``sources``), so a segment drained, a subscription dropped or a topic lost takes
+    its series with it."""
+
+    LABELS = (*TOPIC_LABELS, "subscription", "segment")
+
+    def __init__(self) -> None:
+        self.sources: weakref.WeakSet[KeySharedSource] = weakref.WeakSet()
+
+    def _families(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
+        labels = list(self.LABELS)
+        return [
+            GaugeMetricFamily(
+                "scalable_topic_segment_buckets",
+                "Entry-bucket count N of a segment being consumed by a Stream subscription",
+                labels=labels,
+            ),
+            GaugeMetricFamily(
+                "scalable_topic_segment_consumers",
+                "Consumers of a Stream subscription reading (buckets of) a consumable segment",
+                labels=labels,
+            ),
+            GaugeMetricFamily(
+                "scalable_topic_buckets_withheld",
+                "Buckets of a segment withheld for a hand-off: taken from a consumer that has "
+                "not released them yet (persistently above 0: a hand-off is stuck)",
+                labels=labels,
+            ),
+            GaugeMetricFamily(
+                "scalable_topic_segment_drain_wide",
+                "1 while a sealed segment's backlog is drained by more than one consumer",
+                labels=labels,
+            ),
+            CounterMetricFamily(
+                "scalable_topic_bucket_reassignments",
+                "Buckets of a segment that changed consumer (since this replica leads)",
+                labels=labels,
+            ),
+        ]
+
+    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield from self._families()
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        buckets, consumers, withheld, drain, moves = self._families()
+        for source in list(self.sources):
+            for x in source.key_shared_samples():
+                values = [x.namespace, x.topic, x.subscription, str(x.segment)]
+                buckets.add_metric(values, x.buckets)
+                consumers.add_metric(values, x.consumers)
+                withheld.add_metric(values, x.withheld)
+                drain.add_metric(values, 1.0 if x.drain_wide else 0.0)
+                moves.add_metric(values, x.reassignments)
+        yield from (buckets, consumers, withheld, drain, moves)
+
+
+KEY_SHARED = _KeyShared()
+REGISTRY.register(KEY_SHARED)
 
 
 TOPIC_COUNTERS = (AUTO_SPLITS, AUTO_MERGES, AUTO_REBUCKETS, PRUNED_SEGMENTS, OBSERVED_DRAINS)

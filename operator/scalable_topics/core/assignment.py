@@ -913,6 +913,8 @@ class SubscriptionCoordinator(Coordinator[int]):
         """Consumer -> consumable segment -> the buckets it reads now (not withheld)."""
         self.reassignments = 0
         """Units that changed owner since this coordinator was made (a counter)."""
+        self.reassignments_by_segment: dict[int, int] = {}
+        """The same, by segment (segments no longer tracked are dropped)."""
         self._drained_units: dict[int, set[int]] = {}
         """Sealed segment -> buckets reported consumed (checkpoint consumers sharing it)."""
         super().__init__(layout, grace_period=grace_period, drained=drained, buckets=buckets)
@@ -1076,6 +1078,9 @@ class SubscriptionCoordinator(Coordinator[int]):
     def _reconcile(self, *, was_consumable: frozenset[int]) -> None:
         super()._reconcile(was_consumable=was_consumable)
         self._drained_units = {s: b for s, b in self._drained_units.items() if s in self._blocked}
+        self.reassignments_by_segment = {
+            s: n for s, n in self.reassignments_by_segment.items() if s in self._blocked
+        }
         self._share()
 
     def _share(self) -> None:
@@ -1155,6 +1160,7 @@ class SubscriptionCoordinator(Coordinator[int]):
                 continue
             self.reassignments += 1
             s = unit[0]
+            self.reassignments_by_segment[s] = self.reassignments_by_segment.get(s, 0) + 1
             if was_whole.get(s) == before and now_whole.get(s) == owner:
                 continue
             if before in sessions and unit not in withheld:
