@@ -61,6 +61,7 @@ from .segment import (
     SegmentConsumer,
     SegmentCorruptedError,
     SegmentError,
+    SegmentMovedError,
     SegmentNotFoundError,
     close_websocket,
 )
@@ -193,6 +194,8 @@ class _Reader:
     started: dict[int, set[int]] = field(default_factory=dict)
     """Queue: entries of which the application took a message → batch indexes acknowledged."""
     settled: asyncio.Event = field(default_factory=asyncio.Event)
+    moved_to: str | None = None
+    """The new owner a moved close frame named: the next attach goes there (no DAG wait)."""
 
     @property
     def key(self) -> ReaderKey:
@@ -651,7 +654,8 @@ class _ConsumerBase:
     async def _connect(self, reader: _Reader, backoff: Backoff) -> SegmentConsumer | None:
         """One attempt to attach to the segment; ``None`` after a failure (backed off)."""
         assert self._session is not None and self._watcher is not None
-        url = self._segment_url(reader.segment_id)
+        url = reader.moved_to or self._segment_url(reader.segment_id)
+        reader.moved_to = None
         if url is None:
             with contextlib.suppress(TimeoutError):
                 await self._watcher.wait_update(2.0)
@@ -731,6 +735,10 @@ class _ConsumerBase:
                     log.log(level, "segment %d: %s; reattaching slowly", reader.segment_id, exc)
                     quarantined = True
                     done = False
+                except SegmentMovedError as exc:
+                    log.info("segment %d moved to %s; reattaching", reader.segment_id, exc.url)
+                    reader.moved_to = exc.url
+                    quarantined = done = False
                 except (ConnectionClosedError, SegmentError) as exc:
                     log.info(
                         "segment %d: connection lost (%s); reattaching", reader.segment_id, exc
@@ -743,6 +751,8 @@ class _ConsumerBase:
                 if done:
                     await self._segment_done(reader)
                     return
+                if reader.moved_to is not None:
+                    continue
                 if not quarantined:
                     backoff.reset()
                 await backoff.sleep()

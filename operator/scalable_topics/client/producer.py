@@ -51,6 +51,7 @@ from .segment import (
     ProtocolError,
     SegmentCorruptedError,
     SegmentError,
+    SegmentMovedError,
     SegmentNotFoundError,
     SegmentNotWritableError,
     SegmentProducer,
@@ -138,6 +139,9 @@ class _Link:
         self.task: asyncio.Task[None] | None = None
         self.retired = False
         self.connects = 0
+        self.moved_to: str | None = None
+        """The new owner a moved close frame named: the next connect goes there instead of to
+        the DAG's URL (which catches up later); later ones follow the DAG again."""
 
 
 class ScalableTopicProducer:
@@ -197,6 +201,8 @@ class ScalableTopicProducer:
         """Segment connections opened so far (reconnects included)."""
         self.reroutes = 0
         """How many times a sealed segment's messages were re-routed (for tests and metrics)."""
+        self.moves = 0
+        """How many times a segment's moved close frame sent a link straight to the new owner."""
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -352,7 +358,8 @@ class ScalableTopicProducer:
                 self._fail_link(link, ProducerClosedError("producer closed while reconnecting"))
                 return
             failed = True
-            url = self._table.broker_url(link.segment_id)
+            url = link.moved_to or self._table.broker_url(link.segment_id)
+            link.moved_to = None
             if url is None:
                 await self._pause(2.0, dag=True)
                 continue
@@ -436,6 +443,13 @@ class ScalableTopicProducer:
                 await producer.close()
             if self._closed:
                 return
+            if isinstance(failure, SegmentMovedError):
+                # Lookup-less: straight to the new owner, no DAG round trip, no back-off.
+                log.info("segment %d moved to %s; reconnecting there", link.segment_id, failure.url)
+                link.moved_to = failure.url
+                self.moves += 1
+                failed = False
+                continue
             if failure is not None:
                 log.info("segment %d: connection lost (%s); reconnecting", link.segment_id, failure)
                 failed = True

@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 
 from scalable_topics.brokeradmin import AdminError, SegmentAdmin
-from scalable_topics.core import auth, wire
+from scalable_topics.core import auth, transfer, wire
 from scalable_topics.core.hashing import bucket_hash
 from scalable_topics.core.wire import EntryHeader, Message
 from scalable_topics.credentials import client_session
@@ -48,6 +48,7 @@ __all__ = [
     "SegmentConsumer",
     "SegmentCorruptedError",
     "SegmentError",
+    "SegmentMovedError",
     "SegmentNotFoundError",
     "SegmentNotWritableError",
     "SegmentProducer",
@@ -124,6 +125,15 @@ class ConnectionClosedError(_FailureWithEntries):
     """The connection ended without a verdict for ``unacked``: resend them (deduplicated)."""
 
 
+class SegmentMovedError(ConnectionClosedError):
+    """The segment's ownership moved to the broker at ``url`` (an ownership transfer's close
+    frame, docs/protocol.md): reconnect there at once and resend ``unacked`` (deduplicated)."""
+
+    def __init__(self, code: str, message: str, url: str) -> None:
+        super().__init__(code, message)
+        self.url = url
+
+
 class SegmentNotFoundError(SegmentError):
     pass
 
@@ -170,6 +180,9 @@ def _error_from(body: Mapping[str, Any], close_code: int | None) -> SegmentError
         return AccessDeniedError(code, message)
     if code == wire.ERR_SEGMENT_NOT_FOUND or close_code == wire.CLOSE_SEGMENT_NOT_FOUND:
         return SegmentNotFoundError(code, message)
+    moved = transfer.moved_to(body, close_code)
+    if moved is not None:
+        return SegmentMovedError(code, message, moved)
     if code == wire.ERR_PROTOCOL or close_code == wire.CLOSE_PROTOCOL_ERROR:
         return ProtocolError(code, message)
     if code == wire.ERR_SEGMENT_NOT_WRITABLE or close_code == wire.CLOSE_SEGMENT_NOT_WRITABLE:
