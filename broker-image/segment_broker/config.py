@@ -56,6 +56,11 @@ class BrokerConfig:
             raise ValueError("auth must be 'none' or 'kubernetes'")
         if self.auth_ttl_s < 0:
             raise ValueError("auth_ttl_s must not be negative")
+        if self.auth == "kubernetes" and self.admin_token_file:
+            raise ValueError(
+                "--admin-token-file and --auth kubernetes both read the Authorization header "
+                "of admin requests: use one (docs/security.md)"
+            )
         if self.load_reporter not in ("none", "kubernetes"):
             raise ValueError("load_reporter must be 'none' or 'kubernetes'")
         if not 0 <= self.port <= 65535:

@@ -17,6 +17,19 @@ def test_cli_wins_over_environment_and_defaults_apply() -> None:
     )
     cfg = parse_config(["--data-dir", "/d", "--admin-token-file", "/t", "--no-uvloop"], {})
     assert cfg.admin_token_file == "/t" and cfg.uvloop is False
+    env = {
+        "SEGMENT_BROKER_AUTH": "kubernetes",
+        "SEGMENT_BROKER_AUTH_TTL_S": "2.5",
+        "SEGMENT_BROKER_ADMIN_IDENTITIES": "system:serviceaccount:st:op",
+    }
+    cfg = parse_config(["--data-dir", "/d"], env)
+    assert (cfg.auth, cfg.auth_ttl_s, cfg.admin_identities) == (
+        "kubernetes",
+        2.5,
+        "system:serviceaccount:st:op",
+    )
+    assert cfg.auth_audience == "scalabletopics.io"
+    assert parse_config(["--data-dir", "/d"], {}).auth == "none"
 
 
 @pytest.mark.parametrize(
@@ -26,6 +39,9 @@ def test_cli_wins_over_environment_and_defaults_apply() -> None:
         ["--data-dir", "/d", "--fsync", "sometimes"],
         ["--data-dir", "/d", "--roll-bytes", "0"],
         ["--data-dir", "/d", "--port", "70000"],
+        ["--data-dir", "/d", "--auth", "ldap"],
+        ["--data-dir", "/d", "--auth", "kubernetes", "--admin-token-file", "/t"],
+        ["--data-dir", "/d", "--auth-ttl-s", "-1"],
     ],
 )
 def test_invalid_settings_are_rejected(argv: list[str]) -> None:
