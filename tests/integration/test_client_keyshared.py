@@ -232,6 +232,9 @@ async def test_checkpoint_consumers_share_a_segment_by_bucket_and_drain_it_toget
                     assert values == list(range(10)), f"{key}: {values}"
                 checkpoint = owner[b].checkpoint()
                 assert set(checkpoint.bucket_positions) == {(0, b)}
+            # one message per entry (each send awaited its ack), every entry within a bucket
+            batches = producer.bucket_batches()
+            assert batches == {(0, b): (expected[b], expected[b]) for b in (0, 1)}
             children = await env.split(0)
             await eventually(lambda: 0 in _coordinator(env).drained_segments, within=20)
             for n in range(10, 12):

@@ -559,7 +559,9 @@ class _ConsumerBase:
                 wanted is None or reader.buckets is None or not reader.buckets <= wanted
             ):
                 self._release(reader)
-        if not readable(segment, self._drained):
+        if not readable(segment, self._drained) or any(r.releasing for r in readers):
+            # a connection being handed over still holds the segment on the broker: attach
+            # once it let go (the release re-evaluates) instead of being refused and backing off
             return
         if wanted is None:
             if not readers:

@@ -203,6 +203,7 @@ class ScalableTopicProducer:
         """How many times a sealed segment's messages were re-routed (for tests and metrics)."""
         self.moves = 0
         """How many times a segment's moved close frame sent a link straight to the new owner."""
+        self._bucket_batches: dict[tuple[int, int], list[int]] = {}
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -343,7 +344,20 @@ class ScalableTopicProducer:
         link.buffer = []
         link.buffer_bytes = 0
         link.outbox.extend(_Entry(e) for e in entries)
+        for messages in entries:
+            hb = messages[0].bucket_hash()
+            bucket = -1 if hb is None else wire.bucket_of(hb, link.buckets)
+            counts = self._bucket_batches.setdefault((link.segment_id, bucket), [0, 0])
+            counts[0] += 1
+            counts[1] += len(messages)
         link.wake.set()
+
+    def bucket_batches(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """``(segment, entry bucket)`` -> (entries cut, messages in them) so far: the mean
+        batch size per bucket is their ratio (PIP-486's producer metric; the entries of a
+        segment's unkeyed messages are under bucket -1). An entry re-routed after a seal is
+        cut again for its new segment."""
+        return {unit: (e, m) for unit, (e, m) in self._bucket_batches.items()}
 
     # -- one segment's connection -----------------------------------------------------------------
 
