@@ -13,12 +13,17 @@ nothing acknowledged lost, no key seen out of order, duplicates only where a con
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import sys
 from collections import defaultdict
 from functools import partial
+from pathlib import Path
 
 import pytest
 
 from scalable_topics.client import CheckpointConsumer, ScalableTopicProducer, StreamConsumer
+from scalable_topics.client.model import Message
 from scalable_topics.core.assignment import SubscriptionCoordinator
 from scalable_topics.core.buckets import bucket_of
 from scalable_topics.core.hashing import bucket_hash
@@ -35,6 +40,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 NS = "keyshared"
 SUB = "work"  # the name the queue test's Worker records under
 GRACE = 2.0
+REPO = str(Path(__file__).resolve().parents[2])
 KEYS = [f"order-{i}" for i in range(16)]
 
 
@@ -256,3 +262,92 @@ async def test_checkpoint_consumers_share_a_segment_by_bucket_and_drain_it_toget
         for consumer in consumers:
             await consumer.close()
         await env.close()
+
+
+async def test_a_sigkilled_stream_consumer_loses_its_buckets_after_the_grace_period(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    """Four stream consumers share a 2-segment topic's four buckets, one of them a separate
+    process that is SIGKILLed mid-stream: its buckets are held for the grace period, then go to
+    the waiting fifth consumer; nothing acknowledged is lost, no key is reordered, duplicates
+    only from the killed process's unacknowledged messages."""
+    env = TopicEnv(operator, [b.url for b in brokers], NS, "killed", subscriptions={SUB: "Stream"})
+    env.grace_period = GRACE
+    await env.create(2)
+    recorder = Recorder({SUB: True})
+    intervals: dict[str, list[Interval]] = defaultdict(list)
+    names = ["s0", "s1", "s2", "s4"]
+    workers = {
+        n: StreamWorker(n, env.service_url, NS, env.topic, recorder, intervals) for n in names
+    }
+    proc: asyncio.subprocess.Process | None = None
+    reads = 0
+
+    async def follow(process: asyncio.subprocess.Process) -> None:
+        nonlocal reads
+        assert process.stdout is not None
+        async for raw in process.stdout:
+            line = json.loads(raw)
+            if "started" in line:
+                continue
+            message = Message(
+                key=line["key"],
+                value=line["value"].encode("latin-1"),
+                segment_id=line["segment"],
+                position=line["position"],
+                batch_index=line["batchIndex"],
+                batch_size=line["batchSize"],
+            )
+            recorder.delivered(SUB, "proc", 1, message)
+            reads += 1
+
+    try:
+        async with ScalableTopicProducer(env.service_url, NS, env.topic, linger_ms=2) as producer:
+            writer = OpenLoopWriter(producer, recorder, KEYS, rate=400.0, pad=16)
+            writer.start()
+            for name in names[:3]:
+                await workers[name].start()
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "tests.integration.keyshared_consumer_proc",
+                env.service_url,
+                NS,
+                env.topic,
+                SUB,
+                "proc",
+                stdout=asyncio.subprocess.PIPE,
+                cwd=REPO,
+            )
+            following = asyncio.create_task(follow(proc))
+            await eventually(lambda: "proc" in _readers(_coordinator(env)), within=20)
+            await eventually(lambda: reads >= 100, within=20)
+            await progressed(workers, 50, *names[:3])
+
+            handle = recorder.restart(RestartKind.CONSUMER, "proc", SUB)
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+            await following  # every line it printed is recorded
+            recorder.restarted(handle)
+            held = [u for u, n in _coordinator(env).unit_owners().items() if n == "proc"]
+            assert held, "its buckets are held for the grace period"
+            await workers["s4"].start()
+            await eventually(lambda: "proc" not in _coordinator(env).sessions(), within=20)
+            await eventually(lambda: _readers(_coordinator(env)) == set(names), within=20)
+            await progressed(workers, 50)
+            unanswered = await writer.stop(30.0)
+            assert unanswered == 0
+        await eventually(lambda: recorder.unread(SUB) == 0, within=40)
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for worker in workers.values():
+            await worker.stop()
+        await env.close()
+
+    report = check(recorder.history())
+    print(f"\n{report.summary()}\nproc read {reads}")
+    assert report.valid, report.summary()
+    assert report.lost == report.reordered == report.skips == 0, report.summary()
+    check_exclusive(intervals)
