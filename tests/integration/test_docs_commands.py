@@ -160,6 +160,29 @@ RUN: dict[tuple[str, str], How | tuple[How, ...]] = {
         mentions=(f"{TOPIC}-0",)
     ),
     ("docs/operations.md", "kubectl stopic dag orders --watch"): Interrupt(DAG_SHOWN),
+    ("docs/security.md", "kubectl create serviceaccount orders-writer"): Exits(),
+    (
+        "docs/security.md",
+        "kubectl create rolebinding orders-writer --clusterrole=scalable-topics-producer "
+        "--serviceaccount=default:orders-writer",
+    ): Exits(),
+    (
+        "docs/security.md",
+        "kubectl label namespace default scalabletopics.io/client=true --overwrite",
+    ): Exits(),
+    (
+        "docs/security.md",
+        "kubectl auth can-i produce scalabletopics.scalabletopics.io/orders "
+        "--as=system:serviceaccount:default:orders-writer",
+    ): Exits(mentions=("yes",)),
+    (
+        "docs/security.md",
+        "kubectl create token orders-writer --audience=scalabletopics.io --duration=1h > token",
+    ): Exits(),
+    (
+        "docs/security.md",
+        "SCALABLE_TOPICS_TOKEN_FILE=$PWD/token stopic produce orders --count 10",
+    ): Exits(mentions=("sent 10",)),
     ("docs/operator.md", "kubectl apply -f crds/"): Exits(),
     ("manifests/examples/README.md", "kubectl apply -f crds/"): Exits(),
     ("manifests/examples/README.md", "kubectl apply -f manifests/examples/orders.yaml"): Exits(),
