@@ -10,7 +10,9 @@ connected consumers). Nothing here reads a clock or does I/O.
 Two kinds share everything but the unit they hand out:
 
 * :class:`SubscriptionCoordinator` (Stream subscriptions, stream and checkpoint consumers) hands
-  out whole **segments**: one consumer per segment.
+  out whole **segments**: one consumer per segment; with more consumers than consumable
+  segments it spreads their entry buckets over the idle ones (PIP-486 key-shared, see the
+  class).
 * :class:`QueueCoordinator` (Queue subscriptions, queue consumers) hands out **units** - one
   entry bucket of one segment, ``(segment, bucket)`` - so several workers share a segment while
   every key (whose entries all fall in one bucket of its segment) has exactly one worker. The
@@ -127,9 +129,9 @@ class AssignedSegment:
     """One segment of a consumer's assignment, with what the client needs to respect DAG order.
 
     ``blocked_by`` lists the segment's ancestors that are not drained yet for the subscription,
-    parents before children; it is empty exactly when ``consumable`` is true. ``buckets`` (queue
-    subscriptions only) are the entry buckets of the segment the consumer owns; ``None`` means
-    the whole segment.
+    parents before children; it is empty exactly when ``consumable`` is true. ``buckets`` are the
+    entry buckets of the segment the consumer owns (queue subscriptions; stream subscriptions
+    while the segment is shared); ``None`` means the whole segment.
     """
 
     segment_id: int

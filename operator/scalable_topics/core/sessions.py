@@ -11,8 +11,9 @@ Two sessions, both JSON text frames with a ``"v"`` (protocol version) and a ``"t
   leaves for good. The server sends :class:`AssignmentMessage` whenever the consumer's
   assignment changes (and once right after registering), :class:`ErrorMessage` for a refused
   message, and :class:`RedirectMessage` before closing when the topic's leadership moves.
-  Stream and checkpoint consumers are assigned whole segments of a Stream subscription; queue
-  consumers are assigned entry buckets of the segments of a Queue subscription (PIP-486).
+  Stream and checkpoint consumers are assigned segments of a Stream subscription (entry buckets
+  of them when they outnumber the segments, PIP-486 key-shared); queue consumers are assigned
+  entry buckets of the segments of a Queue subscription (PIP-486).
 
 Versioning: a peer rejects a message whose ``v`` it does not speak (close code
 :attr:`CloseCode.BAD_MESSAGE`); inside version 1 unknown fields are ignored, so fields can be
@@ -294,8 +295,9 @@ class RegisterMessage(_Message):
 
     ``consumer`` is the consumer's identity across reconnects (its grace-period key);
     ``consumerType`` is ``stream`` or ``checkpoint`` on a Stream subscription (both get
-    exclusive segment assignments; a checkpoint consumer keeps its own positions and reports
-    them for information), ``queue`` on a Queue subscription (entry buckets of segments).
+    segments, or buckets of them when they outnumber the segments; a checkpoint consumer keeps
+    its own positions and reports them for information), ``queue`` on a Queue subscription
+    (entry buckets of segments).
     """
 
     type: Literal["register"] = "register"
@@ -351,10 +353,10 @@ class AssignedSegmentModel(_SegmentModel):
     """One assigned segment: :meth:`AssignedSegment.to_dict` plus the broker that hosts it.
 
     The client reads a segment only while ``consumable`` is true, or once it has itself drained
-    and reported every segment in ``blockedBy`` (see :mod:`.assignment`). ``buckets`` (queue
-    consumers only) are the indexes of the entry buckets of the segment the consumer owns and
-    names when it attaches (as in the broker's consume ``HELLO``); ``None`` is the whole
-    segment. (In the DAG, a segment's ``buckets`` is its bucket count.)
+    and reported every segment in ``blockedBy`` (see :mod:`.assignment`). ``buckets`` are the
+    indexes of the entry buckets of the segment the consumer owns and names when it attaches
+    (as in the broker's consume ``HELLO``); ``None`` is the whole segment. (In the DAG, a
+    segment's ``buckets`` is its bucket count.)
     """
 
     consumable: bool
