@@ -34,6 +34,13 @@ from .metrics import BrokerMetrics
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+STATS_ROUTE = "/admin/v1/segments/{namespace}/{topic}/{segment_id}"
+"""The one admin route a consumer may use (a sealed segment's last position)."""
+
+
+def _route(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else ""
 
 
 class BrokerAccess:
@@ -64,9 +71,7 @@ class BrokerAccess:
             await self.auth.authorize(identity, VERB_CONSUME, info["namespace"], info["topic"])
         elif identity.username not in self.admin_identities:
             namespace, topic = info.get("namespace", ""), info.get("topic", "")
-            one_segment = (
-                request.method == "GET" and "segment_id" in info and "subscription" not in info
-            )
+            one_segment = request.method == "GET" and _route(request) == STATS_ROUTE
             if not (
                 one_segment and await self.auth.allowed(identity, VERB_CONSUME, namespace, topic)
             ):
