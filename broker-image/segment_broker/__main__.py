@@ -15,8 +15,16 @@ from aiohttp import web
 from .access import BrokerAccess
 from .config import BrokerConfig, parse_config
 from .corruption import CorruptionReporter
-from .load import HistoryWriter, LoadReporter, LoadTracker, SegmentRates, ThresholdReporter
+from .load import (
+    HistorySink,
+    HistoryWriter,
+    LoadReporter,
+    LoadTracker,
+    SegmentRates,
+    ThresholdReporter,
+)
 from .metrics import BrokerMetrics
+from .s3history import S3HistoryWriter
 from .server import Broker
 
 log = logging.getLogger("segment_broker")
@@ -59,9 +67,18 @@ async def _access(config: BrokerConfig, metrics: BrokerMetrics) -> BrokerAccess 
     return BrokerAccess(auth, admins, metrics)
 
 
+def _history(location: str | None) -> HistorySink | None:
+    """A directory, or ``s3://bucket/prefix`` (segment_broker.s3history)."""
+    if not location:
+        return None
+    if location.startswith("s3://"):
+        return S3HistoryWriter(location)
+    return HistoryWriter(Path(location))
+
+
 async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
     metrics = BrokerMetrics()
-    history = HistoryWriter(Path(config.load_history_dir)) if config.load_history_dir else None
+    history = _history(config.load_history_dir)
     reporter, corruption_reporter, close_reporter = await _reporter(config)
     tracker = LoadTracker(
         reporter,
@@ -94,6 +111,8 @@ async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):
             await asyncio.wait_for(load_task, 5.0)
         await close_reporter()
+        if isinstance(history, S3HistoryWriter):
+            await asyncio.to_thread(history.close)  # the last buffered lines
         if access is not None:
             await access.auth.close()
 

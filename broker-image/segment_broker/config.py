@@ -92,7 +92,8 @@ _HELP = {
     "admin_identities": "comma-separated usernames allowed on /admin (e.g. "
     "system:serviceaccount:scalable-topics:scalable-topics-operator)",
     "auth_ttl_s": "seconds a token review or access decision is cached",
-    "load_history_dir": "where the load history (JSON lines) is written; none when unset",
+    "load_history_dir": "where the load history (JSON lines) is written: a directory or "
+    "s3://bucket/prefix (credentials from the AWS variables); none when unset",
     "load_interval_s": "load sampling interval",
     "load_reporter": "'kubernetes': patch Segment.status.load when a rate moves by more than "
     "25 %%, and Segment.status.corruption when a segment is quarantined or truncated "

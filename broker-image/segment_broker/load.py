@@ -326,6 +326,19 @@ def _default_broker_id() -> str:
     return os.environ.get("POD_NAME") or socket.gethostname()
 
 
+def history_partition(ts: float) -> str:
+    """``dt=YYYY-MM-DD/hour=HH`` of ``ts`` (UTC): the load history's Hive-style partition."""
+    t = datetime.fromtimestamp(ts, tz=UTC)
+    return f"dt={t:%Y-%m-%d}/hour={t:%H}"
+
+
+class HistorySink(Protocol):
+    """Where the load history goes: :class:`HistoryWriter` (a directory) or
+    ``s3history.S3HistoryWriter`` (an object store). ``write`` runs in a thread."""
+
+    def write(self, records: Iterable[LoadRecord]) -> None: ...
+
+
 class HistoryWriter:
     """Appends load records as JSON lines under `root/dt=YYYY-MM-DD/hour=HH/<broker-id>.jsonl`.
 
@@ -342,8 +355,7 @@ class HistoryWriter:
             raise ValueError(f"invalid broker id {self.broker_id!r}")
 
     def path_for(self, ts: float) -> Path:
-        t = datetime.fromtimestamp(ts, tz=UTC)
-        return self.root / f"dt={t:%Y-%m-%d}" / f"hour={t:%H}" / f"{self.broker_id}.jsonl"
+        return self.root / history_partition(ts) / f"{self.broker_id}.jsonl"
 
     def write(self, records: Iterable[LoadRecord]) -> None:
         by_path: dict[Path, list[str]] = {}
@@ -384,7 +396,7 @@ class LoadTracker:
     def __init__(
         self,
         reporter: LoadReporter,
-        history: HistoryWriter | None,
+        history: HistorySink | None,
         *,
         clock: Callable[[], float] = time.time,
         window: float = 60.0,

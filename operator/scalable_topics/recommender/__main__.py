@@ -14,12 +14,13 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 # Absolute imports: spark-submit runs this file as a plain script.
 from scalable_topics.core.policy import DEFAULT_POLICY, parse_duration
 from scalable_topics.core.resources import format_time
+from scalable_topics.recommender import s3a
 from scalable_topics.recommender.job import analyse, build_session, executors, merge_thresholds
 from scalable_topics.recommender.rules import (
     DEFAULT_TOLERANCE,
@@ -77,6 +78,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--conf", type=_conf, action="append", default=[], metavar="KEY=VALUE", help="Spark conf"
     )
+    p.add_argument(
+        "--s3a-jars",
+        metavar="DIR",
+        help="jars for s3a:// history (hadoop-aws and the AWS SDK) when the image lacks them: "
+        "a directory, or 'maven' to resolve them into ~/.cache/scalable-topics",
+    )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else ~/.kube)")
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument("--namespace", help="only topics of this namespace (default: all)")
@@ -124,6 +131,19 @@ def _use_cluster(args: argparse.Namespace) -> bool:
     )
 
 
+def session_conf(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Spark settings: for ``s3a://`` history the S3 settings from the AWS variables and the
+    ``--s3a-jars``; ``--conf`` wins over both."""
+    conf: dict[str, str] = {}
+    if s3a.spark_uri(args.history).startswith("s3a://"):
+        conf.update(s3a.hadoop_conf(os.environ if env is None else env))
+    if args.s3a_jars:
+        jars = s3a.ensure_jars() if args.s3a_jars == "maven" else s3a.jars_in(args.s3a_jars)
+        conf["spark.jars"] = ",".join(str(j) for j in jars)
+    conf.update(dict(args.conf))
+    return conf
+
+
 def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str, Any]:
     """One run of the job; a given ``spark`` session is used and left running."""
     now = args.now if args.now is not None else time.time()
@@ -143,10 +163,11 @@ def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str
         if merge_thresholds(state.policy) != defaults
     }
     own_session = spark is None
-    session = spark if spark is not None else build_session(args.master, dict(args.conf))
+    session = spark if spark is not None else build_session(args.master, session_conf(args))
     started = time.monotonic()
     try:
-        analysis = analyse(session, args.history, window, fmt=args.format, thresholds=thresholds)
+        history = s3a.spark_uri(args.history)
+        analysis = analyse(session, history, window, fmt=args.format, thresholds=thresholds)
         used = executors(session)
     finally:
         if own_session:
@@ -239,7 +260,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    summary = run(args)
+    try:
+        summary = run(args)
+    except s3a.JarsUnavailable as exc:
+        print(f"recommender: {exc}", file=sys.stderr)
+        return 2
     text = json.dumps(summary, indent=2 if args.dry_run else None) + "\n"
     if args.output == "-":
         sys.stdout.write(text)
