@@ -25,18 +25,33 @@ def rec(*actions: Any, epoch: int = 0, age: float = 60.0) -> dict[str, Any]:
     }
 
 
-def split(segment: int, at: int | None = None) -> dict[str, Any]:
+def rates(msg_in: float, msg_out: float = 0.0) -> dict[str, float]:
+    return {"msgRateIn": msg_in, "bytesRateIn": 0.0, "msgRateOut": msg_out, "bytesRateOut": 0.0}
+
+
+def split(
+    segment: int, at: int | None = None, msg_in: float = 20_000.0, estimate: float = 0.0
+) -> dict[str, Any]:
+    """A load split as the recommender writes it, with its window figures."""
     return {
         "kind": "split",
         "segments": [segment],
         "at": at,
         "reason": "msg-rate-in",
         "detail": "hot",
+        "stats": {"mean": rates(msg_in), "msgRateInEstimateNow": estimate},
     }
 
 
-def merge(*segments: int) -> dict[str, Any]:
-    return {"kind": "merge", "segments": list(segments), "reason": "cold", "detail": "cold 1h"}
+def merge(*segments: int, p95_in: float = 10.0) -> dict[str, Any]:
+    figures = [{"segment": f"s{sid}", "p95": rates(p95_in)} for sid in segments]
+    return {
+        "kind": "merge",
+        "segments": list(segments),
+        "reason": "cold",
+        "detail": "cold 1h",
+        "stats": {"segments": figures},
+    }
 
 
 def run(recommendation: dict[str, Any] | None, **overrides: Any) -> Any:
@@ -134,6 +149,39 @@ def test_merge_depth_guard_uses_the_merged_child_depth() -> None:
     assert run(recommendation, layout=layout).action == Merge((4, 2), "cold")
     refused = run(recommendation, layout=layout, policy=AutoScalePolicy(max_dag_depth=1))
     assert refused.action is None and "maxDagDepth 1" in refused.reason
+
+
+def test_split_thresholds_of_the_resolved_policy_are_rechecked() -> None:
+    """The recommender planned with 10,000 msg/s; a namespace raised the threshold to 50,000:
+    the split does not get through (but the trend's estimate now counts, as in the plan)."""
+    raised = AutoScalePolicy(split_msg_rate_in_threshold=50_000)
+    refused = run(rec(split(1, msg_in=20_000)), policy=raised)
+    assert refused.action is None
+    assert "msgRateIn 20000 <= 50000" in refused.reason, refused.reason
+    assert run(rec(split(1, msg_in=20_000, estimate=60_000)), policy=raised).action is not None
+    assert run(rec(split(1, msg_in=60_000)), policy=raised).action is not None
+    lowered = AutoScalePolicy(split_msg_rate_in_threshold=5_000)
+    assert run(rec(split(1, msg_in=6_000)), policy=lowered).action is not None
+    assert run(rec(split(1, msg_in=6_000))).action is None
+
+
+def test_merge_thresholds_of_the_resolved_policy_are_rechecked() -> None:
+    lowered = AutoScalePolicy(merge_msg_rate_in_threshold=5)
+    refused = run(rec(merge(2, 3, p95_in=10)), policy=lowered)
+    assert refused.action is None
+    assert "p95 msgRateIn 10 is not below the policy's merge threshold 5" in refused.reason
+    assert run(rec(merge(2, 3, p95_in=4)), policy=lowered).action == Merge((2, 3), "cold")
+
+
+def test_actions_without_figures_cannot_be_checked_and_are_refused() -> None:
+    bare_split = {k: v for k, v in split(1).items() if k != "stats"}
+    verdict = run(rec(bare_split))
+    assert verdict.action is None and "no window rates" in verdict.reason
+    bare_merge = {k: v for k, v in merge(2, 3).items() if k != "stats"}
+    verdict = run(rec(bare_merge))
+    assert verdict.action is None and "no window figures" in verdict.reason
+    consumer_split = {**bare_split, "reason": "consumer-count"}
+    assert run(rec(consumer_split)).action is not None, "no threshold decides it"
 
 
 def test_first_acceptable_action_wins_and_refusals_are_reported() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from scalable_topics.core.layout import SegmentLayout
+from scalable_topics.core.policy import ClusterDefaults
 from scalable_topics.core.resources import format_time
 from scalable_topics.recommender.history import window_partitions
 from scalable_topics.recommender.topics import segment_buckets, stream_consumers, topic_state
@@ -55,6 +56,25 @@ def test_topic_state_problems() -> None:
     bad_spec = topic(layout=SegmentLayout.initial(1).to_metadata())
     bad_spec["spec"]["autoScale"] = {"maxSegments": 1, "minSegments": 5}
     assert "invalid spec" in str(topic_state(bad_spec).problem)
+
+
+def test_topic_state_resolves_the_namespace_annotation_and_the_cluster_level() -> None:
+    """The controller's resolution: topic, namespace annotation, cluster ConfigMap, defaults."""
+    layout = SegmentLayout.initial(4).to_metadata()
+    cluster = ClusterDefaults(knobs={"split_msg_rate_in_threshold": 20_000.0, "max_dag_depth": 3})
+    state = topic_state(
+        topic(layout=layout),
+        namespace_policy='{"splitMsgRateInThreshold": 50000, "maxSegments": 4}',
+        cluster=cluster,
+    )
+    assert state.problem is None and state.notes == ()
+    assert state.policy.split_msg_rate_in_threshold == 50_000, "namespace over cluster"
+    assert state.policy.max_segments == 16, "topic over namespace"
+    assert state.policy.max_dag_depth == 3, "cluster over the built-in default"
+    ignored = topic_state(topic(layout=layout), namespace_policy='{"maxSegmentz": 4}')
+    assert ignored.problem is None and ignored.policy.max_segments == 16
+    (note,) = ignored.notes
+    assert "annotation is ignored" in note and "maxSegmentz" in note
 
 
 def test_stream_consumers_without_status() -> None:

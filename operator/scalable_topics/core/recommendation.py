@@ -14,7 +14,14 @@ takes a recommended action only when all of these hold:
   evaluator's) and must raise each segment's bucket count within ``bucket_max``; and the named
   segments must still be active (and, for a merge, adjacent; for a split, ``at`` inside the
   range). The layout itself checks the structural part: an action is accepted only if applying
-  it to the layout succeeds.
+  it to the layout succeeds;
+- the action passes the **thresholds of the policy in force** (the controller's resolution:
+  topic, namespace annotation, cluster ConfigMap, defaults), re-checked on the window figures
+  the recommender wrote in the action's ``stats``: a load split needs a rate above its split
+  threshold (``msgRateIn`` is the larger of the window mean and the trend's estimate now, as
+  the recommender plans), a merge needs every named segment's p95 rates below the merge
+  thresholds. The recommender may have planned with another policy (an older run, another
+  level); without the figures the action cannot be checked and is refused.
 
 Actions are tried in the recommendation's order and the first acceptable one is returned; the
 verdict's ``reason`` says why each earlier one (or all of them) was refused, so the operator's
@@ -29,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .buckets import N_MAX
-from .evaluator import Merge, Rebucket, Split
+from .evaluator import METRICS, Merge, Rebucket, Split
 from .layout import SegmentLayout
 from .policy import AutoScalePolicy, format_duration
 from .resources import parse_time
@@ -79,6 +86,68 @@ def _check_cooldown(kind: str, last_at: float | None, cooldown: float, now: floa
     return None
 
 
+_LOAD_REASONS = {reason: (name, camel) for name, reason, camel in METRICS}
+
+
+def _rates(figures: Any) -> dict[str, float] | None:
+    """``{"msgRateIn": …, …}`` with all four rates as finite numbers, else ``None``."""
+    if not isinstance(figures, Mapping):
+        return None
+    rates = {}
+    for _, _, camel in METRICS:
+        value = figures.get(camel)
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+        ):
+            return None
+        rates[camel] = float(value)
+    return rates
+
+
+def _split_thresholds_problem(action: Mapping[str, Any], policy: AutoScalePolicy) -> str | None:
+    """Why a load split is not above any split threshold of ``policy`` (``None``: it is, or
+    the split is not load-driven)."""
+    if action.get("reason") not in _LOAD_REASONS:
+        return None
+    stats = action.get("stats")
+    rates = _rates(stats.get("mean")) if isinstance(stats, Mapping) else None
+    if rates is None:
+        return "no window rates (stats.mean) to check against the split thresholds"
+    estimate = stats.get("msgRateInEstimateNow") if isinstance(stats, Mapping) else None
+    if isinstance(estimate, int | float) and not isinstance(estimate, bool):
+        rates["msgRateIn"] = max(rates["msgRateIn"], float(estimate))
+    if any(rates[camel] > policy.split_threshold(name) for name, _, camel in METRICS):
+        return None
+    shown = ", ".join(
+        f"{camel} {rates[camel]:g} <= {policy.split_threshold(name):g}"
+        for name, _, camel in METRICS
+    )
+    return f"no rate is above the policy's split threshold ({shown})"
+
+
+def _merge_thresholds_problem(
+    action: Mapping[str, Any], segments: list[int], policy: AutoScalePolicy
+) -> str | None:
+    """Why a merge's segments are not all below the merge thresholds of ``policy``."""
+    stats = action.get("stats")
+    figures = stats.get("segments") if isinstance(stats, Mapping) else None
+    if not isinstance(figures, Sequence) or len(figures) != len(segments):
+        return "no window figures (stats.segments) to check against the merge thresholds"
+    for figure in figures:
+        rates = _rates(figure.get("p95")) if isinstance(figure, Mapping) else None
+        if rates is None:
+            return "no window figures (stats.segments[].p95) to check the merge thresholds"
+        for name, _, camel in METRICS:
+            if rates[camel] >= policy.merge_threshold(name):
+                return (
+                    f"segment {figure.get('segment')}'s p95 {camel} {rates[camel]:g} is not "
+                    f"below the policy's merge threshold {policy.merge_threshold(name):g}"
+                )
+    return None
+
+
 def _check_split(
     action: Mapping[str, Any],
     segments: list[int],
@@ -98,6 +167,9 @@ def _check_split(
     cooling = _check_cooldown("split", last_split_at, policy.split_cooldown, now)
     if cooling:
         return cooling
+    below = _split_thresholds_problem(action, policy)
+    if below:
+        return below
     try:
         layout.split(segments[0], at)
     except ValueError as exc:
@@ -124,6 +196,9 @@ def _check_merge(
     cooling = _check_cooldown("merge", last_merge_at, policy.merge_cooldown, now)
     if cooling:
         return cooling
+    above = _merge_thresholds_problem(action, segments, policy)
+    if above:
+        return above
     try:
         merged = layout.merge(*segments)
     except ValueError as exc:

@@ -18,7 +18,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 # Absolute imports: spark-submit runs this file as a plain script.
-from scalable_topics.core.policy import DEFAULT_POLICY, parse_duration
+from scalable_topics.core.policy import (
+    CLUSTER_DEFAULTS_CONFIGMAP,
+    DEFAULT_POLICY,
+    parse_cluster_defaults,
+    parse_duration,
+)
 from scalable_topics.core.resources import format_time
 from scalable_topics.recommender import s3a
 from scalable_topics.recommender.job import analyse, build_session, executors, merge_thresholds
@@ -88,6 +93,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument("--namespace", help="only topics of this namespace (default: all)")
     p.add_argument(
+        "--defaults-namespace",
+        default=os.environ.get("POD_NAMESPACE", "scalable-topics"),
+        help="namespace of the ConfigMap scalable-topics-autoscale-defaults (the operator's; "
+        "default: $POD_NAMESPACE, else scalable-topics)",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="print the recommendations instead of writing them (no cluster needed)",
@@ -152,8 +163,16 @@ def run(args: argparse.Namespace, spark: SparkSession | None = None) -> dict[str
     states: dict[tuple[str, str], TopicState] = {}
     buckets: dict[tuple[str, str], dict[int, int]] = {}
     if store is not None:
+        annotations = store.namespace_policies(args.namespace)
+        cluster, problems = parse_cluster_defaults(store.cluster_defaults(args.defaults_namespace))
+        for problem in problems:
+            log.warning("ConfigMap %s: %s (default kept)", CLUSTER_DEFAULTS_CONFIGMAP, problem)
         for key, obj in store.list_topics(args.namespace).items():
-            states[key] = topic_state(obj)
+            states[key] = topic_state(
+                obj, namespace_policy=annotations.get(key[0]), cluster=cluster
+            )
+            for note in states[key].notes:
+                log.warning("%s/%s: %s", *key, note)
         buckets = segment_buckets(store.list_segments(args.namespace))
 
     defaults = merge_thresholds(DEFAULT_POLICY)

@@ -1,9 +1,10 @@
 """What the recommender needs from a ScalableTopic object, read without trusting it.
 
 Pure functions over the object as the API server returns it (a ``dict``): the current layout
-(``status.layout``), the effective auto-scale policy (``spec.autoScale`` over the operator
-defaults), the stream subscriptions' consumer counts (``status.subscriptions``), and entry-bucket
-counts from the topic's Segment objects.
+(``status.layout``), the effective auto-scale policy (``core.policy.resolve_policy``, the same
+resolution as the controller's: ``spec.autoScale``, the namespace's annotation, the cluster
+ConfigMap, the built-in defaults), the stream subscriptions' consumer counts
+(``status.subscriptions``), and entry-bucket counts from the topic's Segment objects.
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scalable_topics.core.layout import SegmentLayout
-from scalable_topics.core.policy import DEFAULT_POLICY, AutoScalePolicy
+from scalable_topics.core.policy import (
+    DEFAULT_POLICY,
+    AutoScalePolicy,
+    ClusterDefaults,
+    resolve_policy,
+)
 from scalable_topics.core.resources import (
     LABEL_TOPIC,
     SubscriptionType,
@@ -32,6 +38,8 @@ class TopicState:
     policy: AutoScalePolicy
     stream_consumers: Mapping[str, int] = field(default_factory=dict)
     problem: str | None = None
+    notes: tuple[str, ...] = ()
+    """Levels of the policy that were ignored (an invalid namespace annotation), and why."""
 
 
 def stream_consumers(obj: Mapping[str, Any]) -> dict[str, int]:
@@ -54,13 +62,25 @@ def stream_consumers(obj: Mapping[str, Any]) -> dict[str, int]:
     return counts
 
 
-def topic_state(obj: Mapping[str, Any], defaults: AutoScalePolicy = DEFAULT_POLICY) -> TopicState:
+def topic_state(
+    obj: Mapping[str, Any],
+    defaults: AutoScalePolicy = DEFAULT_POLICY,
+    *,
+    namespace_policy: str | None = None,
+    cluster: ClusterDefaults | None = None,
+) -> TopicState:
+    """``namespace_policy`` is the text of the namespace's annotation, ``cluster`` the cluster
+    ConfigMap's level."""
     metadata = obj.get("metadata") or {}
     namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
     generation = metadata.get("generation")
     problem = None
+    notes: tuple[str, ...] = ()
     try:
-        policy = parse_topic_spec(obj.get("spec") or {}).policy(None, defaults)
+        spec = parse_topic_spec(obj.get("spec") or {})
+        knobs = spec.auto_scale.knobs() if spec.auto_scale is not None else None
+        resolution = resolve_policy(knobs, namespace_policy, cluster, defaults)
+        policy, notes = resolution.policy, resolution.problems
     except ValueError as exc:
         policy, problem = defaults, f"invalid spec: {exc}"
     layout = None
@@ -81,6 +101,7 @@ def topic_state(obj: Mapping[str, Any], defaults: AutoScalePolicy = DEFAULT_POLI
         policy=policy,
         stream_consumers=stream_consumers(obj),
         problem=problem,
+        notes=notes,
     )
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scalable_topics.core.policy import CLUSTER_DEFAULTS_CONFIGMAP, NAMESPACE_POLICY_ANNOTATION
 from scalable_topics.core.resources import (
     GROUP,
     SEGMENT_PLURAL,
@@ -129,6 +130,38 @@ class TopicStore:
             metadata = item.get("metadata") or {}
             topics[(str(metadata.get("namespace", "")), str(metadata.get("name", "")))] = item
         return topics
+
+    def namespace_policies(self, namespace: str | None = None) -> dict[str, str]:
+        """The ``scalabletopics.io/autoscale-policy`` annotation text by namespace (namespaces
+        without one left out): the level between a topic's knobs and the cluster defaults."""
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api_client)
+        items = [core.read_namespace(namespace)] if namespace else core.list_namespace().items
+        found = {}
+        for item in items:
+            meta = item.metadata
+            text = (
+                None if meta is None else (meta.annotations or {}).get(NAMESPACE_POLICY_ANNOTATION)
+            )
+            if meta is not None and text is not None:
+                found[str(meta.name)] = str(text)
+        return found
+
+    def cluster_defaults(self, namespace: str) -> dict[str, str] | None:
+        """The data of the ConfigMap ``scalable-topics-autoscale-defaults`` in the operator's
+        ``namespace`` (``None`` when there is none: the built-in defaults apply)."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        core = client.CoreV1Api(self.api_client)
+        try:
+            config_map = core.read_namespaced_config_map(CLUSTER_DEFAULTS_CONFIGMAP, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(config_map.data or {})
 
     def list_segments(self, namespace: str | None = None) -> list[dict[str, Any]]:
         if namespace:
