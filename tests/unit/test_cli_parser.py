@@ -15,7 +15,7 @@ from scalable_topics.cli.main import build_parser, describe_error, main
 from scalable_topics.client import ConsumerError, Message, TopicNotFoundError
 from scalable_topics.kubeapi import KubeconfigError
 
-TOPIC_COMMANDS = ("dag", "split", "merge", "produce", "consume", "bench")
+TOPIC_COMMANDS = ("dag", "split", "merge", "move", "produce", "consume", "bench")
 
 
 def subcommand(name: str) -> argparse.ArgumentParser:
@@ -48,6 +48,8 @@ def test_every_option_has_help(name: str) -> None:
         (["dag", "t", "--interval", "0"], "argument --interval: must be more than 0"),
         (["merge", "t", "1"], "a merge needs two or more adjacent active segments"),
         (["merge", "t", "2", "2"], "each segment can be named once"),
+        (["move", "t", "0"], "the following arguments are required: --to"),
+        (["move", "t", "-1", "--to", "b"], "argument segment: must be 0 or more, got -1"),
         (["consume", "t", "-s", "b", "-o", "yaml"], "argument -o/--output: invalid choice"),
     ],
 )

@@ -403,7 +403,26 @@ def test_manual_requests_parse() -> None:
             '{"id": "", "op": "split", "segments": [1]}',
             "id: String should have at least 1 character",
         ),
-        ('{"id": "a", "op": "prune", "segments": [1]}', "op: Input should be 'split' or 'merge'"),
+        (
+            '{"id": "a", "op": "prune", "segments": [1]}',
+            "op: Input should be 'split', 'merge' or 'move'",
+        ),
+        (
+            '{"id": "a", "op": "move", "segments": [1]}',
+            "a move names the broker pod it goes 'to'; only a move does",
+        ),
+        (
+            '{"id": "a", "op": "split", "segments": [1], "to": "broker-1"}',
+            "a move names the broker pod it goes 'to'; only a move does",
+        ),
+        (
+            '{"id": "a", "op": "move", "segments": [1, 2], "to": "broker-1"}',
+            "a move names exactly one segment, got [1, 2]",
+        ),
+        (
+            '{"id": "a", "op": "move", "segments": [1], "to": ""}',
+            "to: String should have at least 1 character",
+        ),
         (
             '{"id": "a", "op": "split", "segments": [1, 2]}',
             "a split names exactly one segment, got [1, 2]",

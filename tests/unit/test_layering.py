@@ -16,11 +16,13 @@ PACKAGES = {
 }
 SHARED_EDGES = {
     "scalable_topics.brokeradmin",
+    "scalable_topics.transferadmin",
     "scalable_topics.kubeapi",
     "scalable_topics.kubeauth",
     "scalable_topics.credentials",
 }
-"""Wire clients every edge may use: the broker's admin HTTP API and the Kubernetes connection."""
+"""Wire clients every edge may use: the broker's admin HTTP API (its transfer routes too) and
+the Kubernetes connection."""
 
 ALLOWED: dict[str, set[str]] = {
     "scalable_topics.core": {"scalable_topics.core"},

@@ -144,7 +144,7 @@ def _topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     topics.add_parsers(sub, common)
     clients.add_parsers(sub, common)
-    for name in ("dag", "split", "merge", "produce", "consume", "bench"):
+    for name in ("dag", "split", "merge", "move", "produce", "consume", "bench"):
         sub.choices[name].set_defaults(func=run_command)
     demo.add_parser(sub)
 

@@ -114,6 +114,7 @@ async def request(
     at: int | None,
     *,
     wait: float,
+    to: str | None = None,
 ) -> dict[str, Any]:
     """Annotate the request and wait up to ``wait`` seconds for its outcome in
     ``status.lastRequest``."""
@@ -123,6 +124,8 @@ async def request(
     body: dict[str, Any] = {"id": request_id, "op": op, "segments": segments}
     if at is not None:
         body["at"] = at
+    if to is not None:
+        body["to"] = to
     patch = {"metadata": {"annotations": {ANNOTATION_REQUEST: json.dumps(body)}}}
     await call(
         api,
@@ -162,12 +165,15 @@ async def request(
 
 async def cmd_split_or_merge(args: argparse.Namespace) -> int:
     async with kube_api(args.kubeconfig, args.request_timeout) as api:
+        to = None
         if args.command == "split":
             segments, at = [args.segment], args.at
+        elif args.command == "move":
+            segments, at, to = [args.segment], None, args.to
         else:
             segments, at = list(args.segments), None
         outcome = await request(
-            api, args.namespace, args.topic, args.command, segments, at, wait=args.timeout
+            api, args.namespace, args.topic, args.command, segments, at, wait=args.timeout, to=to
         )
         if outcome.get("result") != "Succeeded":
             raise CliError(
@@ -235,3 +241,13 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         help="ids of two or more adjacent active segments",
     )
     merge.set_defaults(afunc=cmd_split_or_merge, check=_check_merge)
+
+    move = sub.add_parser(
+        "move",
+        parents=[common, timeout],
+        help="move a segment to another broker pod, lookup-less (waits for the result)",
+    )
+    move.add_argument("topic", help="the ScalableTopic's name")
+    move.add_argument("segment", type=cli_args.non_negative_int, help="id of the segment to move")
+    move.add_argument("--to", required=True, help="the broker pod it goes to (segment-broker-2)")
+    move.set_defaults(afunc=cmd_split_or_merge)

@@ -194,7 +194,14 @@ class KubeApi:
         except ApiException as exc:
             raise _translate(exc) from None
 
-    async def patch_segment_status(self, namespace: str, name: str, status: Body) -> Body:
+    async def patch_segment_status(
+        self, namespace: str, name: str, status: Body, *, resource_version: str | None = None
+    ) -> Body:
+        """Merge patch of a Segment's status; with ``resource_version`` a compare-and-swap
+        (``Conflict`` when the Segment changed since)."""
+        patch: Body = {"status": status}
+        if resource_version is not None:
+            patch["metadata"] = {"resourceVersion": resource_version}
         try:
             written = cast(
                 Body,
@@ -204,7 +211,7 @@ class KubeApi:
                     namespace,
                     SEGMENTS,
                     name,
-                    {"status": status},
+                    patch,
                     **MERGE_PATCH,
                 ),
             )

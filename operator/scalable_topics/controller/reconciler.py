@@ -64,6 +64,7 @@ from .restore import (
     write_missing_segments,
 )
 from .status import TopicGone, put_layout, update_topic_status
+from .transfer import MoveRejected, TransferExecutor
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,9 @@ class TopicReconciler:
         self._leftovers: dict[Key, list[int]] = {}
         self._unknown: dict[Key, tuple[int, ...]] = {}
         """Segments outside the layout that it never handed out (kept), as last logged."""
+        self.transfers = TransferExecutor(
+            kube, brokers, cache, events=self.event, requeue=lambda: self.on_requeue_after
+        )
 
     def new_stats_round(self) -> None:
         """Start a stats round (the resync loop calls it once per resync interval): a sealed
@@ -268,6 +272,7 @@ class TopicReconciler:
         if (topic.get("status") or {}).get("operation"):
             topic = await self.executor.resume(topic)
             layout = layout_of(topic) or layout
+        topic = await self.transfers.resume(topic)
 
         try:
             await self._ensure_segments(topic, layout, spec, recover=not fresh)
@@ -846,6 +851,11 @@ class TopicReconciler:
             topic=topic,
         )
         op = request.op.value
+        if op == "move":
+            try:
+                return await self.transfers.start(topic, request)
+            except MoveRejected as exc:
+                return await self._reject(topic, request.id, op, str(exc))
         try:
             operation = self.plan(
                 topic,
@@ -918,7 +928,7 @@ class TopicReconciler:
             remember_request(status)
             status["lastRequest"] = {
                 "id": request_id,
-                "op": op if op in ("split", "merge") else "split",
+                "op": op if op in ("split", "merge", "move") else "split",
                 "result": "Rejected",
                 "message": message[:1024],
                 "completedAt": now,

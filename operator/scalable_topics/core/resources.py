@@ -52,6 +52,7 @@ from .policy import (
     resolve,
 )
 from .retention import RetentionRule
+from .transfer import TransferPhase
 
 __all__ = [
     "ANNOTATION_AUTOSCALE_POLICY",
@@ -400,6 +401,7 @@ class OperationSource(enum.StrEnum):
 class ManualRequestOp(enum.StrEnum):
     SPLIT = "split"
     MERGE = "merge"
+    MOVE = "move"
 
 
 class RequestResult(enum.StrEnum):
@@ -941,7 +943,7 @@ class LastRequest(_Status):
     """Outcome of a manual request (annotation scalabletopics.io/request)."""
 
     id: str = Field(description="The request's id.")
-    op: ManualRequestOp = Field(description="split or merge.")
+    op: ManualRequestOp = Field(description="split, merge or move.")
     result: RequestResult = Field(description="Succeeded, Failed or Rejected.")
     message: str = Field("", description="What happened.")
     completed_at: Timestamp | None = Field(None, description="When the request finished.")
@@ -1149,6 +1151,26 @@ class SegmentCorruption(_Status):
     detected_at: Timestamp | None = Field(None, description="When the broker found it.")
 
 
+class TransferEndpoint(_Status):
+    pod: str = Field(description="Broker pod.")
+    url: str = Field(description="Broker URL.")
+
+
+class SegmentTransfer(_Status):
+    """An ownership transfer in flight (DESIGN §9, ``core.transfer.Transfer``): a new leader
+    completes it (from ``Owned`` only forward) or rolls it back."""
+
+    id: str = Field(description="Transfer id (also in events).")
+    segment_id: int = Field(ge=0, description="The segment moving.")
+    source: TransferEndpoint = Field(description="The broker it leaves.")
+    destination: TransferEndpoint = Field(description="The broker it goes to.")
+    phase: TransferPhase = Field(description="Releasing, Assigned, Owned or RollingBack.")
+    trigger: str = Field("manual", description="manual, drain, shed or shutdown.")
+    reason: str | None = Field(None, description="Why.")
+    request_id: str | None = Field(None, description="Id of the manual request, if any.")
+    started_at: Timestamp | None = Field(None, description="When the transfer was recorded.")
+
+
 class SegmentStatus(_Status):
     state: SegmentPhase = Field(SegmentPhase.PENDING, description="Pending, Active or Sealed.")
     broker: BrokerRef | None = Field(None, description="Where the segment lives.")
@@ -1183,6 +1205,9 @@ class SegmentStatus(_Status):
         default_factory=list,
         description="Subscriptions the operator has provisioned on the segment's broker.",
     )
+    transfer: SegmentTransfer | None = Field(
+        None, description="Ownership transfer in flight (cleared when it ends)."
+    )
 
 
 class Segment(_Status):
@@ -1208,13 +1233,15 @@ class ManualRequest(_Spec):
     """``scalabletopics.io/request: '{"id": "r1", "op": "split", "segments": [3], "at": 4096}'``.
 
     A split names exactly one segment and may give a split point ``at`` (``start <= at < end``
-    is checked against the layout by the operator); a merge names two or more distinct segments.
+    is checked against the layout by the operator); a merge names two or more distinct segments;
+    a move names one segment and the broker pod it goes ``to``.
     """
 
     id: Annotated[str, BeforeValidator(_id_text)] = Field(min_length=1, max_length=128)
     op: ManualRequestOp
     segments: list[Int] = Field(min_length=1)
     at: Int | None = Field(None, ge=0, lt=RING_MAX)
+    to: str | None = Field(None, min_length=1, max_length=253)
 
     @field_validator("segments")
     @classmethod
@@ -1226,7 +1253,14 @@ class ManualRequest(_Spec):
 
     @model_validator(mode="after")
     def _check_op(self) -> ManualRequest:
-        if self.op is ManualRequestOp.SPLIT:
+        if (self.op is ManualRequestOp.MOVE) != (self.to is not None):
+            raise ValueError("a move names the broker pod it goes 'to'; only a move does")
+        if self.op is ManualRequestOp.MOVE:
+            if len(self.segments) != 1:
+                raise ValueError(f"a move names exactly one segment, got {self.segments}")
+            if self.at is not None:
+                raise ValueError("'at' is only valid for a split")
+        elif self.op is ManualRequestOp.SPLIT:
             if len(self.segments) != 1:
                 raise ValueError(f"a split names exactly one segment, got {self.segments}")
         else:

@@ -1,0 +1,355 @@
+"""The leader's side of an ownership transfer (DESIGN §9; ``core.transfer`` decides, this module
+observes the two brokers, executes the decided step and records the phases on the Segment).
+
+A move is recorded in ``Segment.status.transfer`` with a compare-and-swap before any broker is
+touched; every later phase is a compare-and-swap on the Segment too, the commit (``Owned``) in
+the same write that names the destination in ``status.broker``. Each step is idempotent on the
+brokers, so a new leader that finds the record asks both brokers where they are and goes on
+from there (``next_action``): the crash of a leader, a source or a destination at any point is
+completed, or rolled back before the commit.
+
+``SCALABLE_TOPICS_FAULT=crash-after:<point>`` (the hook of ``controller.protocol``) SIGKILLs the
+process right after ``transfer-recorded``, ``transfer-fenced``, ``transfer-assigned``,
+``transfer-committed``, ``transfer-owned`` or ``transfer-released``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..brokeradmin import AdminError
+from ..core.resources import ManualRequest, format_time, remember_request
+from ..core.transfer import (
+    Action,
+    BrokerView,
+    Endpoint,
+    Transfer,
+    TransferPhase,
+    TransferView,
+    next_action,
+)
+from ..transferadmin import TransferAdmin, copy
+from .brokers import BrokerAdmin
+from .cache import TopicCache, recorded_broker
+from .kube import Body, Conflict, KubeApi
+from .protocol import FAULT_ENV
+from .status import update_topic_status
+
+log = logging.getLogger(__name__)
+
+TRANSFER_FAULT_POINTS = (
+    "transfer-recorded",
+    "transfer-fenced",
+    "transfer-assigned",
+    "transfer-committed",
+    "transfer-owned",
+    "transfer-released",
+)
+CATCH_UP_LAG = 1000
+"""Entries the destination may still lack when the source is fenced: the fenced window copies
+only this tail, whatever the log's size."""
+CATCH_UP_PASSES = 8
+"""Catch-up passes before the source is fenced anyway (producers outrunning the copy)."""
+MAX_STEPS = 64
+RETRY_AFTER = 2.0
+
+EventSink = Callable[[Body, str, str, str], Awaitable[None]]
+Requeue = Callable[[tuple[str, str], float], None]
+
+
+class MoveRejected(Exception):
+    """A move request that cannot start; the message says why."""
+
+
+def _fault_point() -> str | None:
+    value = os.environ.get(FAULT_ENV, "")
+    if value.startswith("crash-after:"):
+        point = value.split(":", 1)[1]
+        if point in TRANSFER_FAULT_POINTS:
+            return point
+    return None
+
+
+class TransferExecutor:
+    def __init__(
+        self,
+        kube: KubeApi,
+        brokers: BrokerAdmin,
+        cache: TopicCache,
+        *,
+        events: EventSink,
+        requeue: Callable[[], Requeue | None] = lambda: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube = kube
+        self.brokers = brokers
+        self.cache = cache
+        self.events = events
+        self.requeue = requeue
+        self.clock = clock
+        self.fault = _fault_point()
+        self._fenced_at: dict[str, float] = {}
+
+    def _crash_point(self, point: str) -> None:
+        if self.fault == point:
+            log.critical("fault injection: SIGKILL after %s", point)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # -- entry points --------------------------------------------------------------------------
+
+    async def start(self, topic: Body, request: ManualRequest) -> Body:
+        """Record a manual move and drive it; :class:`MoveRejected` when it cannot start."""
+        meta = topic["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        assert request.to is not None
+        sid = request.segments[0]
+        if (topic.get("status") or {}).get("operation"):
+            raise MoveRejected("a split or merge is in flight; try again after it")
+        segment = self.cache.segments.get((ns, name), {}).get(sid)
+        if segment is None:
+            raise MoveRejected(f"segment {sid} has no Segment resource")
+        status = segment.get("status") or {}
+        if status.get("transfer"):
+            current = Transfer.from_status(status["transfer"])
+            if current.request_id == request.id:
+                return await self.drive(topic, sid)
+            raise MoveRejected(f"segment {sid} is already moving ({current.id})")
+        source_pod = recorded_broker(segment)
+        source_url = (status.get("broker") or {}).get("url")
+        if source_pod is None or not source_url:
+            raise MoveRejected(f"segment {sid} is not placed on a broker yet")
+        if source_pod == request.to:
+            return await self._report(
+                topic, request.id, "Succeeded", f"segment {sid} is on {request.to} already"
+            )
+        destination = self.cache.brokers.get(request.to)
+        if destination is None or not destination.ready:
+            raise MoveRejected(f"{request.to} is not a ready broker pod")
+        transfer = Transfer(
+            id=f"move-{uuid.uuid4().hex[:8]}",
+            segment_id=sid,
+            source=Endpoint(source_pod, str(source_url)),
+            destination=Endpoint(destination.name, destination.url),
+            trigger="manual",
+            reason=f"request {request.id}",
+            request_id=request.id,
+            started_at=format_time(self.clock()),
+        )
+        try:
+            await self._write(segment, {"transfer": transfer.to_status()})
+        except Conflict:
+            raise MoveRejected(f"segment {sid} changed while the move was recorded") from None
+        log.info(
+            "transfer %s: segment %s/%s/%d %s -> %s recorded",
+            transfer.id,
+            ns,
+            name,
+            sid,
+            source_pod,
+            destination.name,
+        )
+        self._crash_point("transfer-recorded")
+        return await self.drive(topic, sid)
+
+    async def resume(self, topic: Body) -> Body:
+        """Drive every transfer of the topic found in its Segments (a new leader's pass)."""
+        meta = topic["metadata"]
+        for sid, segment in sorted(
+            self.cache.segments.get((meta["namespace"], meta["name"]), {}).items()
+        ):
+            if (segment.get("status") or {}).get("transfer"):
+                topic = await self.drive(topic, sid)
+        return topic
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _segment(self, topic: Body, sid: int) -> Body | None:
+        meta = topic["metadata"]
+        return self.cache.segments.get((meta["namespace"], meta["name"]), {}).get(sid)
+
+    def _admin(self, topic: Body, endpoint: Endpoint, sid: int) -> TransferAdmin:
+        pod = self.cache.brokers.get(endpoint.pod)
+        url = pod.url if pod is not None else endpoint.url
+        meta = topic["metadata"]
+        return TransferAdmin(self.brokers.at(url), meta["namespace"], meta["name"], sid)
+
+    async def _view(self, topic: Body, transfer: Transfer) -> tuple[BrokerView, BrokerView]:
+        views = []
+        for endpoint, fence_key in ((transfer.source, "releasing"), (transfer.destination, None)):
+            pod = self.cache.brokers.get(endpoint.pod)
+            if pod is None or not pod.ready:
+                views.append(BrokerView(up=False))
+                continue
+            try:
+                snap = await self._admin(topic, endpoint, transfer.segment_id).snapshot()
+            except AdminError as exc:
+                log.info("transfer %s: %s does not answer: %s", transfer.id, endpoint.pod, exc)
+                views.append(BrokerView(up=False))
+                continue
+            if snap is None:
+                views.append(BrokerView(up=True))
+                continue
+            fenced = (
+                snap.get("fenceReason") == fence_key
+                if fence_key is not None
+                else not bool(snap.get("writable"))
+            )
+            views.append(
+                BrokerView(
+                    up=True,
+                    present=True,
+                    last_position=int(snap["lastPosition"]),
+                    fenced=fenced,
+                    cursors_digest=str(snap.get("digest", "")),
+                )
+            )
+        return views[0], views[1]
+
+    async def drive(self, topic: Body, sid: int) -> Body:
+        """Take steps until the transfer ends or has to wait for a broker."""
+        catch_up = 0
+        for _ in range(MAX_STEPS):
+            segment = self._segment(topic, sid)
+            raw = (segment or {}).get("status", {}).get("transfer") if segment else None
+            if segment is None or not raw:
+                return topic
+            transfer = Transfer.from_status(raw)
+            src, dst = await self._view(topic, transfer)
+            lag = CATCH_UP_LAG if catch_up < CATCH_UP_PASSES else 1 << 62
+            action = next_action(transfer, TransferView(src, dst), catch_up_lag=lag)
+            log.debug("transfer %s: %s (%s, %s)", transfer.id, action, src, dst)
+            if action is Action.WAIT:
+                requeue = self.requeue()
+                if requeue is not None:
+                    meta = topic["metadata"]
+                    requeue((meta["namespace"], meta["name"]), RETRY_AFTER)
+                return topic
+            try:
+                topic = await self._execute(topic, segment, transfer, action)
+            except AdminError as exc:
+                log.warning("transfer %s: %s failed: %s", transfer.id, action, exc)
+                if exc.status in (0, 502, 503, 504) or transfer.phase in (
+                    TransferPhase.OWNED,
+                    TransferPhase.ROLLING_BACK,
+                ):
+                    continue  # the next observation sees the broker away (or retries)
+                await self._write(
+                    segment, {"transfer": transfer.advanced(TransferPhase.ROLLING_BACK).to_status()}
+                )
+                await self.events(
+                    topic, "Warning", "MoveRollingBack", f"{transfer.id}: {action} failed: {exc}"
+                )
+            if action is Action.COPY and not src.fenced:
+                catch_up += 1
+        return topic
+
+    async def _execute(
+        self, topic: Body, segment: Body, transfer: Transfer, action: Action
+    ) -> Body:
+        sid = transfer.segment_id
+        source = self._admin(topic, transfer.source, sid)
+        destination = self._admin(topic, transfer.destination, sid)
+        if action is Action.COPY:
+            report = await copy(source, destination)
+            log.info(
+                "transfer %s: copied %d entries (%d bytes) in %.3f s, destination at %d/%d",
+                transfer.id,
+                report.entries,
+                report.bytes,
+                report.seconds,
+                report.last_position,
+                report.source_last_position,
+            )
+        elif action is Action.FENCE_SOURCE:
+            await source.fence()
+            self._fenced_at[transfer.id] = time.monotonic()
+            self._crash_point("transfer-fenced")
+        elif action is Action.RECORD_ASSIGNED:
+            await self._write(
+                segment, {"transfer": transfer.advanced(TransferPhase.ASSIGNED).to_status()}
+            )
+            self._crash_point("transfer-assigned")
+        elif action is Action.COMMIT:
+            await self._write(
+                segment,
+                {
+                    "transfer": transfer.advanced(TransferPhase.OWNED).to_status(),
+                    "broker": transfer.destination.to_status(),
+                },
+            )
+            self._crash_point("transfer-committed")
+        elif action is Action.ACTIVATE_DESTINATION:
+            await destination.own()
+            self._crash_point("transfer-owned")
+        elif action is Action.RELEASE_SOURCE:
+            released = await source.release(destination.admin.url)  # the destination's URL
+            if released is not None:
+                await destination.state(released["cursors"], None)
+            self._crash_point("transfer-released")
+        elif action is Action.RECORD_ROLLING_BACK:
+            await self._write(
+                segment, {"transfer": transfer.advanced(TransferPhase.ROLLING_BACK).to_status()}
+            )
+        elif action is Action.UNFENCE_SOURCE:
+            await source.unfence()
+        elif action is Action.DELETE_DESTINATION:
+            meta = topic["metadata"]
+            await destination.admin.delete_segment(meta["namespace"], meta["name"], sid)
+        elif action is Action.FINISH:
+            return await self._finish(topic, segment, transfer)
+        return topic
+
+    async def _finish(self, topic: Body, segment: Body, transfer: Transfer) -> Body:
+        await self._write(segment, {"transfer": None})
+        fenced_at = self._fenced_at.pop(transfer.id, None)
+        window = "" if fenced_at is None else f", fenced {time.monotonic() - fenced_at:.3f} s"
+        if transfer.phase is TransferPhase.OWNED:
+            message = (
+                f"segment {transfer.segment_id} moved from {transfer.source.pod} to "
+                f"{transfer.destination.pod} ({transfer.id}{window})"
+            )
+            await self.events(topic, "Normal", "Moved", message)
+            result = "Succeeded"
+        else:
+            message = (
+                f"segment {transfer.segment_id} stays on {transfer.source.pod}: the move to "
+                f"{transfer.destination.pod} was rolled back ({transfer.id})"
+            )
+            await self.events(topic, "Warning", "MoveRolledBack", message)
+            result = "Failed"
+        log.info("transfer %s: %s", transfer.id, message)
+        if transfer.request_id is None:
+            return topic
+        return await self._report(topic, transfer.request_id, result, message)
+
+    async def _report(self, topic: Body, request_id: str, result: str, message: str) -> Body:
+        meta = topic["metadata"]
+        now = format_time(self.clock())
+
+        def change(status: dict[str, Any], obj: Body) -> None:
+            remember_request(status)
+            status["lastRequest"] = {
+                "id": request_id,
+                "op": "move",
+                "result": result,
+                "message": message[:1024],
+                "completedAt": now,
+            }
+
+        return await update_topic_status(
+            self.kube, meta["namespace"], meta["name"], change, topic=topic
+        )
+
+    async def _write(self, segment: Body, status: Body) -> None:
+        """CAS on the Segment: the write carries the resourceVersion it was read at."""
+        meta = segment["metadata"]
+        updated = await self.kube.patch_segment_status(
+            meta["namespace"], meta["name"], status, resource_version=meta["resourceVersion"]
+        )
+        self.cache.put_segment(updated)

@@ -1,0 +1,169 @@
+"""Manual moves (``op: move`` requests) on the real operator and brokers, and a crash of the
+leader after every step of the transfer (DESIGN §9, ``controller.transfer``).
+
+A segment with entries and a consumer's acknowledgements moves between broker pods; for each
+fault point an operator started with ``SCALABLE_TOPICS_FAULT=crash-after:<point>`` SIGKILLs
+itself right after that step, and a fresh operator completes the move. While the move is
+stopped, at most one broker accepts writes for the segment; afterwards the Segment names the
+destination, only the destination has the segment, every entry is there at its position, the
+cursor came along, the request is ``Succeeded`` once (its id is not run again) with a ``Moved``
+event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from scalable_topics.client.segment import SegmentConsumer, SegmentError, SegmentProducer
+from scalable_topics.controller.transfer import TRANSFER_FAULT_POINTS
+
+from .operator_harness import (
+    JsonObj,
+    OperatorProcess,
+    Stack,
+    eventually,
+    operator_stack,
+    topic_body,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+TOPIC = "movable"
+SID = 0
+
+
+async def start(stack: Stack, identity: str, fault: str | None = None) -> OperatorProcess:
+    return await stack.start_operator(
+        identity, fault=fault, lease_duration=2.0, renew_deadline=1.5, retry_period=0.5
+    )
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    async with operator_stack(tmp_path_factory.mktemp("move"), operator_replicas=0) as running:
+        operator = await start(running, "setup")
+        await running.apply_topic(topic_body(TOPIC, segments=2))
+        await running.wait_ready(TOPIC)
+        await running.stop_operators()
+        assert operator.proc.returncode == 0, operator.log()[-3000:]
+        url = (await running.broker_segments(TOPIC))[SID]
+        producer = await SegmentProducer.connect(url, "default", TOPIC, SID, "seed")
+        for i in range(50):  # one entry each
+            await (await producer.send(b"entry-%d" % i, key=b"k%d" % i))
+        await producer.close()
+        subscription = "billing"
+        consumer = await SegmentConsumer.connect(url, "default", TOPIC, SID, subscription, "c")
+        for _ in range(10):
+            entry = await consumer.receive()
+            assert entry is not None
+            consumer.ack(entry.position)
+
+        async def acked() -> bool:
+            stats = await running.segment_stats(url, TOPIC, SID)
+            return bool(stats and stats["subscriptions"][subscription]["ackFloor"] == 10)
+
+        await eventually(acked, 30, "the consumer's acks on the broker")
+        await consumer.close()
+        yield running
+
+
+async def accepts_writes(url: str) -> bool:
+    """The broker stores and acknowledges a produce on the segment right now."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{url}/admin/v1/segments/default/{TOPIC}/{SID}") as resp,
+    ):
+        if resp.status != 200 or (await resp.json())["writable"] is False:
+            return False
+    producer = await SegmentProducer.connect(url, "default", TOPIC, SID, "probe")
+    try:
+        return await asyncio.wait_for(await producer.send(b"probe"), 10) is not None
+    except SegmentError:
+        return False
+    finally:
+        await producer.close()
+
+
+async def placement(stack: Stack) -> tuple[str, str, dict[str, str]]:
+    """(pod the Segment names, another ready broker pod, pod → URL)."""
+    urls = await stack.broker_urls()
+    segment = (await stack.segments(TOPIC))[SID]
+    pod = segment["status"]["broker"]["pod"]
+    other = sorted(p for p in urls if p != pod)[0]
+    return pod, other, urls
+
+
+async def moved_consistently(stack: Stack, destination: str, entries: int) -> JsonObj:
+    segment = (await stack.segments(TOPIC))[SID]
+    status = segment["status"]
+    assert not status.get("transfer"), status.get("transfer")
+    assert status["broker"]["pod"] == destination
+    urls = await stack.broker_urls()
+    hosts = [
+        pod for pod, url in urls.items() if await stack.segment_stats(url, TOPIC, SID) is not None
+    ]
+    assert hosts == [destination], hosts
+    stats = await stack.segment_stats(urls[destination], TOPIC, SID)
+    assert stats is not None and stats["writable"] is True
+    assert stats["lastPosition"] == entries - 1
+    floors = {name: sub["ackFloor"] for name, sub in stats["subscriptions"].items()}
+    assert 10 in floors.values(), floors
+    return stats
+
+
+async def test_move_request_moves_the_segment_once(stack: Stack) -> None:
+    pod, other, urls = await placement(stack)
+    before = await stack.segment_stats(urls[pod], TOPIC, SID)
+    assert before is not None
+    operator = await start(stack, "mover")
+    request = {"id": "move-plain", "op": "move", "segments": [SID], "to": other}
+    await stack.request(TOPIC, request)
+    topic = await stack.wait_request(TOPIC, "move-plain", within=90)
+    assert topic["status"]["lastRequest"]["result"] == "Succeeded", topic["status"]
+    await moved_consistently(stack, other, before["lastPosition"] + 1)
+    events = await stack.events(TOPIC)
+    assert any(e["reason"] == "Moved" and f"to {other}" in e["message"] for e in events)
+    await stack.request(TOPIC, {"id": "move-bad", "op": "move", "segments": [SID], "to": "nope"})
+    topic = await stack.wait_request(TOPIC, "move-bad", within=60)
+    assert topic["status"]["lastRequest"]["result"] == "Rejected"
+    assert "not a ready broker pod" in topic["status"]["lastRequest"]["message"]
+    # the first id again is not executed again
+    await stack.request(TOPIC, {**request, "to": pod})
+    topic = await stack.wait_request(TOPIC, "move-plain", within=60)
+    assert topic["status"]["lastRequest"]["message"].startswith("already handled")
+    assert (await stack.segments(TOPIC))[SID]["status"]["broker"]["pod"] == other
+    await stack.stop_operators()
+    assert operator.proc.returncode == 0, operator.log()[-3000:]
+
+
+@pytest.mark.parametrize("point", TRANSFER_FAULT_POINTS)
+async def test_move_survives_a_leader_crash_after_each_step(stack: Stack, point: str) -> None:
+    pod, other, urls = await placement(stack)
+    before = await stack.segment_stats(urls[pod], TOPIC, SID)
+    assert before is not None
+    request_id = f"move-{point}"
+    await stack.request(TOPIC, {"id": request_id, "op": "move", "segments": [SID], "to": other})
+    doomed = await start(stack, f"doomed-{point}", f"crash-after:{point}")
+    code = await doomed.wait(90)
+    assert code == -9, f"exit {code}\n{doomed.log()[-3000:]}"
+    assert f"fault injection: SIGKILL after {point}" in doomed.log()
+
+    stopped = (await stack.segments(TOPIC))[SID]["status"]
+    assert stopped.get("transfer"), stopped
+    writable = [p for p in (pod, other) if await accepts_writes(urls[p])]
+    assert len(writable) <= 1, (point, writable)
+    entries = before["lastPosition"] + 1 + len(writable)
+
+    fresh = await start(stack, f"fresh-{point}")
+    topic = await stack.wait_request(TOPIC, request_id, within=90)
+    assert topic["status"]["lastRequest"]["result"] == "Succeeded", topic["status"]
+    await eventually(lambda: moved_consistently(stack, other, entries), 30, "the moved segment")
+    assert await accepts_writes(urls[other])
+    await stack.stop_operators()
+    assert fresh.proc.returncode == 0, fresh.log()[-3000:]
+
