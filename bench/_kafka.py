@@ -554,7 +554,12 @@ def calibrate(argv: list[str], windows: int, timeout: float) -> float:
     return statistics.median(rates[-3:])
 
 
-def consumer_perf_args(bootstrap: str, topic: str, records: int) -> list[str]:
+def consumer_perf_args(
+    bootstrap: str, topic: str, records: int, idle_timeout_ms: int = 10_000
+) -> list[str]:
+    """``ConsumerPerformance`` reading ``records``; it gives up when no record arrives for
+    ``idle_timeout_ms``, which includes the first group join (the offsets topic is created
+    then: seconds on a loaded machine)."""
     return [
         "--bootstrap-server",
         bootstrap,
@@ -563,7 +568,7 @@ def consumer_perf_args(bootstrap: str, topic: str, records: int) -> list[str]:
         "--num-records",
         str(records),
         "--timeout",
-        "10000",
+        str(idle_timeout_ms),
     ]
 
 
