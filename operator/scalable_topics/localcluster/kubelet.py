@@ -597,7 +597,11 @@ class PodWorker:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ContainerConfigError(f"API server unreachable: {exc}") from exc
         cwd = cmd.cwd
-        if cwd is not None and not cwd.is_dir():
+        if cwd is None:
+            # Spark executors, for one, fetch the application's jars into "./".
+            cwd = self.layout.work_dir(self.namespace, self.name, container["name"])
+            cwd.mkdir(parents=True, exist_ok=True)
+        elif not cwd.is_dir():
             if self.agent.layout.data_dir in cwd.parents:
                 cwd.mkdir(parents=True, exist_ok=True)
             else:

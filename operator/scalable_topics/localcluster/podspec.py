@@ -311,6 +311,11 @@ class PodLayout:
     def pod_dir(self, namespace: str, pod: str) -> Path:
         return self.data_dir / "pods" / namespace / pod
 
+    def work_dir(self, namespace: str, pod: str, container: str) -> Path:
+        """The working directory of a container without ``workingDir``: its own, as a
+        container's filesystem is (not the kubelet's, shared by every Pod)."""
+        return self.pod_dir(namespace, pod) / "workdir" / container
+
     def log_path(self, namespace: str, pod: str, container: str) -> Path:
         return self.pod_dir(namespace, pod) / f"{container}.log"
 
