@@ -34,6 +34,10 @@ from typing import Any
 
 from bench._procs import CLIENT_CORE, Server, can_pin, free_port, start_server, tcp_open
 
+# The same Maven resolution (cache layout, copy-dependencies) as the recommender's s3a jars.
+from scalable_topics.recommender.s3a import cache_root as cache_root
+from scalable_topics.recommender.s3a import resolve_command as resolve_command
+
 POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
 _POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 JAVA_MIN = 17
@@ -72,11 +76,6 @@ class KafkaUnavailable(RuntimeError):
     """Java or Maven is missing (or too old): the Kafka rows say why, the rest still runs."""
 
 
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "scalable-topics"
-
-
 def pom_properties(pom: Path = POM) -> dict[str, str]:
     """The ``<properties>`` of our pom (``kafka.version``, ``log4j.version``)."""
     root = ET.parse(pom).getroot()
@@ -103,20 +102,6 @@ def java_major(version_output: str) -> int:
         raise ValueError(f"cannot read a Java version from {version_output[:200]!r}")
     major = int(m.group(1))
     return int(m.group(2) or 0) if major == 1 else major
-
-
-def resolve_command(mvn: str, pom: Path, out: Path, repo: Path) -> list[str]:
-    return [
-        mvn,
-        "-B",
-        "-q",
-        "-f",
-        str(pom),
-        f"-Dmaven.repo.local={repo}",
-        "dependency:copy-dependencies",
-        "-DincludeScope=runtime",
-        f"-DoutputDirectory={out}",
-    ]
 
 
 def check_jars(names: Sequence[str], version: str, log4j: str) -> None:
