@@ -13,6 +13,7 @@ event.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
@@ -22,6 +23,7 @@ import pytest_asyncio
 from scalable_topics.client import ScalableTopicProducer, StreamConsumer
 from scalable_topics.client.segment import SegmentConsumer, SegmentError, SegmentProducer
 from scalable_topics.controller.transfer import TRANSFER_FAULT_POINTS
+from scalable_topics.core.transfer import DRAIN_ANNOTATION
 from tests.chaos.checker import RestartKind, check
 from tests.chaos.workload import ConsumerRunner, OpenLoopWriter, ReadingConsumer, Recorder
 
@@ -249,3 +251,65 @@ async def test_moves_under_keyed_load_lose_and_reorder_nothing(stack: Stack) -> 
     assert report.lost == report.reordered == report.skips == report.unexpected == 0
     assert report.duplicates_unexplained == 0, report.summary()
     assert report.inconsistent_positions == 0, report.summary()
+
+
+async def stopic(stack: Stack, *args: str, within: float = 180) -> tuple[int, str]:
+    """The ``stopic`` CLI (``kubectl stopic``) as a user with the admin kubeconfig."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "scalable_topics.cli.main",
+        *args,
+        "--kubeconfig",
+        str(stack.cluster.kubeconfig),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), within)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+async def test_drain_moves_every_segment_off_the_pod_and_uncordon_lets_it_back(
+    stack: Stack,
+) -> None:
+    """``kubectl stopic drain POD``: every segment of every topic on the pod moves away (the
+    other tests' topics, an active and a sealed segment among them), the command returns once no
+    Segment names the pod, the pod gets a ``Drained`` event, a new topic is placed elsewhere;
+    ``uncordon`` removes the annotation."""
+    operator = await start(stack, "drainer")
+    try:
+        hosted = await stack.broker_segments(LOAD_TOPIC)
+        urls = await stack.broker_urls()
+        by_url = {url: pod for pod, url in urls.items()}
+        pod = by_url[hosted[1]]  # the sealed segment moved by the load test
+        code, out = await stopic(stack, "drain", pod, "--broker-namespace", "scalable-topics")
+        assert code == 0, out
+        assert f"{pod} is drained" in out
+        for topic in (TOPIC, LOAD_TOPIC):
+            segments = await stack.segments(topic)
+            assert all(s["status"]["broker"]["pod"] != pod for s in segments.values())
+            assert all(not s["status"].get("transfer") for s in segments.values())
+            assert pod not in {by_url[u] for u in (await stack.broker_segments(topic)).values()}
+
+        async def drained_event() -> bool:
+            return any(e["reason"] == "Drained" for e in await stack.events(pod, "scalable-topics"))
+
+        await eventually(drained_event, 30, "a Drained event on the pod")
+        await stack.apply_topic(topic_body("after-drain", segments=3))
+        await stack.wait_ready("after-drain")
+        placed = {
+            s["status"]["broker"]["pod"] for s in (await stack.segments("after-drain")).values()
+        }
+        assert pod not in placed, placed
+
+        code, out = await stopic(stack, "uncordon", pod, "--broker-namespace", "scalable-topics")
+        assert code == 0, out
+        pods = {
+            p["metadata"]["name"]: p
+            for p in await stack.pods("app.kubernetes.io/name=segment-broker")
+        }
+        assert DRAIN_ANNOTATION not in (pods[pod]["metadata"].get("annotations") or {})
+    finally:
+        await stack.stop_operators()
+    assert operator.proc.returncode == 0, operator.log()[-3000:]

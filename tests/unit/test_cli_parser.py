@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,17 @@ from scalable_topics.cli.main import build_parser, describe_error, main
 from scalable_topics.client import ConsumerError, Message, TopicNotFoundError
 from scalable_topics.kubeapi import KubeconfigError
 
-TOPIC_COMMANDS = ("dag", "split", "merge", "move", "produce", "consume", "bench")
+TOPIC_COMMANDS = (
+    "dag",
+    "split",
+    "merge",
+    "move",
+    "drain",
+    "uncordon",
+    "produce",
+    "consume",
+    "bench",
+)
 
 
 def subcommand(name: str) -> argparse.ArgumentParser:
@@ -50,6 +61,8 @@ def test_every_option_has_help(name: str) -> None:
         (["merge", "t", "2", "2"], "each segment can be named once"),
         (["move", "t", "0"], "the following arguments are required: --to"),
         (["move", "t", "-1", "--to", "b"], "argument segment: must be 0 or more, got -1"),
+        (["drain"], "the following arguments are required: pod"),
+        (["drain", "p", "--timeout", "0"], "argument --timeout: must be more than 0"),
         (["consume", "t", "-s", "b", "-o", "yaml"], "argument -o/--output: invalid choice"),
     ],
 )
@@ -130,3 +143,21 @@ def test_json_output_is_one_object_per_line() -> None:
     assert binary["keyBase64"] == "a/8=" and binary["valueBase64"] == "/wA="
     assert "key" not in binary and "value" not in binary
     assert json.loads(format_message(message(None, b"v"), "json"))["key"] is None
+
+
+def test_drain_waits_for_the_segments_that_name_the_pod() -> None:
+    from scalable_topics.cli.drain import segments_on
+
+    segments: list[dict[str, Any]] = [
+        {"metadata": {"namespace": "a", "name": "t-0"}, "status": {"broker": {"pod": "b-0"}}},
+        {"metadata": {"namespace": "a", "name": "t-1"}, "status": {"broker": {"pod": "b-1"}}},
+        {
+            "metadata": {
+                "namespace": "b",
+                "name": "u-3",
+                "annotations": {"scalabletopics.io/broker": "b-0"},
+            }
+        },
+    ]
+    assert segments_on("b-0", segments) == ["a/t-0", "b/u-3"]
+    assert segments_on("b-2", segments) == []

@@ -114,7 +114,7 @@ def describe_error(exc: BaseException) -> tuple[int, str]:
 
 
 def _topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from . import clients, demo, topics
+    from . import clients, demo, drain, topics
     from .kube import API_TIMEOUT
 
     common = argparse.ArgumentParser(add_help=False)
@@ -144,7 +144,18 @@ def _topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     topics.add_parsers(sub, common)
     clients.add_parsers(sub, common)
-    for name in ("dag", "split", "merge", "move", "produce", "consume", "bench"):
+    drain.add_parsers(sub, common)
+    for name in (
+        "dag",
+        "split",
+        "merge",
+        "move",
+        "drain",
+        "uncordon",
+        "produce",
+        "consume",
+        "bench",
+    ):
         sub.choices[name].set_defaults(func=run_command)
     demo.add_parser(sub)
 

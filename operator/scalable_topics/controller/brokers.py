@@ -31,6 +31,18 @@ class BrokerPod:
     name: str
     url: str
     ready: bool
+    cordoned: bool = False
+    """Annotated for a drain: never chosen for a new segment or a move."""
+    namespace: str = ""
+    uid: str = ""
+
+    def event_target(self) -> dict[str, Any]:
+        """The pod as the object of an Event."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},
+        }
 
 
 @dataclass(frozen=True)
@@ -48,8 +60,9 @@ class Successor:
 
 
 def choose_broker(brokers: Iterable[BrokerPod], load: Mapping[str, int]) -> BrokerPod | None:
-    """The ready broker hosting the fewest active segments (ties by name, for stable tests)."""
-    ready = [b for b in brokers if b.ready]
+    """The ready broker hosting the fewest active segments (ties by name, for stable tests);
+    never a cordoned (draining) one."""
+    ready = [b for b in brokers if b.ready and not b.cordoned]
     if not ready:
         return None
     return min(ready, key=lambda b: (load.get(b.name, 0), b.name))

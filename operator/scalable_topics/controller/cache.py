@@ -15,6 +15,7 @@ from typing import Any
 from ..core.layout import SegmentLayout
 from ..core.resources import LABEL_TOPIC
 from ..core.sessions import DagMessage, dag_message
+from ..core.transfer import DRAIN_ANNOTATION
 from .brokers import BrokerPod
 
 Key = tuple[str, str]
@@ -55,7 +56,14 @@ def pod_broker(pod: Mapping[str, Any], port: int = 8080) -> BrokerPod | None:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
-    return BrokerPod(name=str(meta.get("name")), url=f"http://{ip}:{port}", ready=ready)
+    return BrokerPod(
+        name=str(meta.get("name")),
+        url=f"http://{ip}:{port}",
+        ready=ready,
+        cordoned=bool((meta.get("annotations") or {}).get(DRAIN_ANNOTATION)),
+        namespace=str(meta.get("namespace") or ""),
+        uid=str(meta.get("uid") or ""),
+    )
 
 
 class TopicCache:

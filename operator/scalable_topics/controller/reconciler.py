@@ -273,6 +273,7 @@ class TopicReconciler:
             topic = await self.executor.resume(topic)
             layout = layout_of(topic) or layout
         topic = await self.transfers.resume(topic)
+        topic = await self.transfers.drain(topic)
 
         try:
             await self._ensure_segments(topic, layout, spec, recover=not fresh)

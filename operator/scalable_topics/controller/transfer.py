@@ -35,7 +35,7 @@ from ..core.transfer import (
     next_action,
 )
 from ..transferadmin import TransferAdmin, copy
-from .brokers import BrokerAdmin
+from .brokers import BrokerAdmin, BrokerPod, choose_broker
 from .cache import TopicCache, recorded_broker
 from .kube import Body, Conflict, KubeApi
 from .protocol import FAULT_ENV
@@ -95,6 +95,8 @@ class TransferExecutor:
         self.clock = clock
         self.fault = _fault_point()
         self._fenced_at: dict[str, float] = {}
+        self._announced: set[str] = set()
+        """Draining pods whose ``Drained`` event was posted (again after an uncordon)."""
 
     def _crash_point(self, point: str) -> None:
         if self.fault == point:
@@ -131,31 +133,106 @@ class TransferExecutor:
         destination = self.cache.brokers.get(request.to)
         if destination is None or not destination.ready:
             raise MoveRejected(f"{request.to} is not a ready broker pod")
+        if destination.cordoned:
+            raise MoveRejected(f"{request.to} is draining (kubectl stopic uncordon {request.to})")
+        try:
+            return await self._begin(
+                topic,
+                segment,
+                Endpoint(source_pod, str(source_url)),
+                destination,
+                trigger="manual",
+                reason=f"request {request.id}",
+                request_id=request.id,
+            )
+        except Conflict:
+            raise MoveRejected(f"segment {sid} changed while the move was recorded") from None
+
+    async def _begin(
+        self,
+        topic: Body,
+        segment: Body,
+        source: Endpoint,
+        destination: BrokerPod,
+        *,
+        trigger: str,
+        reason: str,
+        request_id: str | None = None,
+    ) -> Body:
+        sid = int(segment["spec"]["segmentId"])
         transfer = Transfer(
             id=f"move-{uuid.uuid4().hex[:8]}",
             segment_id=sid,
-            source=Endpoint(source_pod, str(source_url)),
+            source=source,
             destination=Endpoint(destination.name, destination.url),
-            trigger="manual",
-            reason=f"request {request.id}",
-            request_id=request.id,
+            trigger=trigger,
+            reason=reason,
+            request_id=request_id,
             started_at=format_time(self.clock()),
         )
-        try:
-            await self._write(segment, {"transfer": transfer.to_status()})
-        except Conflict:
-            raise MoveRejected(f"segment {sid} changed while the move was recorded") from None
+        await self._write(segment, {"transfer": transfer.to_status()})
+        meta = topic["metadata"]
         log.info(
-            "transfer %s: segment %s/%s/%d %s -> %s recorded",
+            "transfer %s: segment %s/%s/%d %s -> %s recorded (%s)",
             transfer.id,
-            ns,
-            name,
+            meta["namespace"],
+            meta["name"],
             sid,
-            source_pod,
+            source.pod,
             destination.name,
+            reason,
         )
         self._crash_point("transfer-recorded")
         return await self.drive(topic, sid)
+
+    async def drain(self, topic: Body) -> Body:
+        """Move every segment of the topic off the cordoned (draining) broker pods, each to
+        the least loaded ready broker that is not draining; then announce, once, each
+        draining pod that no Segment names any more (``Drained`` event on the pod)."""
+        meta = topic["metadata"]
+        cordoned = {name for name, pod in self.cache.brokers.items() if pod.cordoned}
+        self._announced &= cordoned
+        if not cordoned:
+            return topic
+        if not (topic.get("status") or {}).get("operation"):
+            segments = self.cache.segments.get((meta["namespace"], meta["name"]), {})
+            for sid in sorted(segments):
+                segment = segments[sid]
+                status = segment.get("status") or {}
+                pod = recorded_broker(segment)
+                url = (status.get("broker") or {}).get("url")
+                if status.get("transfer") or pod not in cordoned or not url:
+                    continue
+                destination = choose_broker(self.cache.brokers.values(), self.cache.broker_load())
+                if destination is None:
+                    log.warning("no broker to drain segment %d of %s to", sid, meta["name"])
+                    break
+                try:
+                    topic = await self._begin(
+                        topic,
+                        segment,
+                        Endpoint(str(pod), str(url)),
+                        destination,
+                        trigger="drain",
+                        reason=f"{pod} is draining",
+                    )
+                except Conflict:
+                    continue  # the Segment changed: the next pass looks again
+        for pod in sorted(cordoned - self._announced):
+            if not any(
+                recorded_broker(s) == pod
+                for segments in self.cache.segments.values()
+                for s in segments.values()
+            ):
+                self._announced.add(pod)
+                await self.events(
+                    self.cache.brokers[pod].event_target(),
+                    "Normal",
+                    "Drained",
+                    f"no segment is on {pod} any more; it can be stopped or scaled away",
+                )
+                log.info("broker %s is drained", pod)
+        return topic
 
     async def resume(self, topic: Body) -> Body:
         """Drive every transfer of the topic found in its Segments (a new leader's pass)."""

@@ -42,6 +42,7 @@ from typing import Any
 
 __all__ = [
     "CLOSE_SEGMENT_MOVED",
+    "DRAIN_ANNOTATION",
     "ERR_SEGMENT_MOVED",
     "MOVED_VERSION",
     "Action",
@@ -55,6 +56,10 @@ __all__ = [
     "moved_to",
     "next_action",
 ]
+
+DRAIN_ANNOTATION = "scalabletopics.io/drain"
+"""On a broker pod (``kubectl stopic drain POD``): placement stops choosing it and the leader
+moves every segment away from it; removed by ``kubectl stopic uncordon POD``."""
 
 CLOSE_SEGMENT_MOVED = 4011
 """Close code after the ``ERROR`` frame that tells a client where its segment went."""
