@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
 RECOMMENDER = "scalable-topics-recommender"
 HISTORY_CLAIM = "scalable-topics-load-history"
+SINGLE_MACHINE = REPO / "manifests" / "components" / "recommender-single-machine"
 BASE_NS = "scalable-topics"
 """The namespace of ``manifests/``, replaced by the test's own."""
 JOBS = Resource("batch", "v1", "jobs")
@@ -348,31 +349,6 @@ async def test_job_writes_recommendations_to_the_cluster(
     store.close()
 
 
-# The single-machine variant of the base's comment: Spark in the job's own process. The
-# Kubernetes mode of the overlay is test_recommender_k8s.py's.
-SINGLE_MACHINE = {
-    "spec": {
-        "template": {
-            "spec": {
-                "containers": [
-                    {
-                        "name": "recommender",
-                        "args": [
-                            "--history=/var/lib/load-history",
-                            "--window=1h",
-                            "--master=local[2]",
-                            "--conf=spark.ui.enabled=false",
-                            "--conf=spark.driver.bindAddress=$(POD_IP)",
-                            "--conf=spark.driver.host=$(POD_IP)",
-                        ],
-                    }
-                ]
-            }
-        }
-    }
-}
-
-
 def recommender_overlay(directory: Path, namespace: str) -> Path:
     """``manifests/overlays/local`` in ``namespace`` with its CronJob firing every minute in the
     single-machine variant (``local[2]``), and neither operator nor brokers (nothing but the
@@ -391,7 +367,7 @@ def recommender_overlay(directory: Path, namespace: str) -> Path:
             "batch/v1",
             "CronJob",
             RECOMMENDER,
-            spec={"schedule": "* * * * *", "suspend": False, "jobTemplate": SINGLE_MACHINE},
+            spec={"schedule": "* * * * *", "suspend": False},
         ),
     ]
     kustomization = {
@@ -399,6 +375,8 @@ def recommender_overlay(directory: Path, namespace: str) -> Path:
         "kind": "Kustomization",
         "namespace": namespace,
         "resources": [os.path.relpath(REPO / "manifests" / "overlays" / "local", directory)],
+        # The Kubernetes mode of the overlay is test_recommender_k8s.py's.
+        "components": [os.path.relpath(SINGLE_MACHINE, directory)],
         "patches": [{"patch": json.dumps(patch)} for patch in patches],
     }
     (directory / "kustomization.yaml").write_text(json.dumps(kustomization))
