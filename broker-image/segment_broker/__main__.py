@@ -26,6 +26,7 @@ from .load import (
 from .metrics import BrokerMetrics
 from .s3history import S3HistoryWriter
 from .server import Broker
+from .transfer import hand_off
 
 log = logging.getLogger("segment_broker")
 
@@ -104,6 +105,7 @@ async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
     load_task = asyncio.get_running_loop().create_task(tracker.run(stop))
     try:
         await stop.wait()
+        await hand_off(broker.store, config.handoff_wait_s)
     finally:
         log.info("shutting down")
         await broker.stop()

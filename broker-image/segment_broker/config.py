@@ -25,6 +25,7 @@ class BrokerConfig:
     max_inflight_bytes: int = 8 * 1024 * 1024
     max_frame_bytes: int = 32 * 1024 * 1024
     fence_wait_s: float = 5.0
+    handoff_wait_s: float = 0.0
     admin_token_file: str | None = None
     auth: str = "none"
     auth_audience: str = "scalabletopics.io"
@@ -52,6 +53,8 @@ class BrokerConfig:
                 raise ValueError(f"{name} must be positive")
         if self.fence_wait_s < 0:
             raise ValueError("fence_wait_s must not be negative")
+        if self.handoff_wait_s < 0:
+            raise ValueError("handoff_wait_s must not be negative")
         if self.auth not in ("none", "kubernetes"):
             raise ValueError("auth must be 'none' or 'kubernetes'")
         if self.auth_ttl_s < 0:
@@ -83,6 +86,9 @@ _HELP = {
     "fence_wait_s": "how long a produce handshake on a fenced segment (a split/merge child "
     "whose parents are being sealed) waits for its activation before it is refused with "
     "SegmentNotWritable",
+    "handoff_wait_s": "on SIGTERM, keep serving up to this long while the operator moves this "
+    "broker's segments to the others (it drains a terminating broker pod), then stop; 0: stop "
+    "at once (keep it below terminationGracePeriodSeconds)",
     "admin_token_file": "file with the bearer token required on /admin routes",
     "auth": "'kubernetes': clients present a ServiceAccount token checked with TokenReview and "
     "SubjectAccessReview (verbs produce/consume on scalabletopics), the admin API only for "
@@ -126,6 +132,7 @@ def parse_config(
             "max_frame_bytes": int,
             "load_interval_s": float,
             "fence_wait_s": float,
+            "handoff_wait_s": float,
             "auth_ttl_s": float,
         }.get(f.name, str)
         kwargs: dict[str, object] = {"type": kind, "default": None, "help": _HELP[f.name]}
@@ -155,7 +162,7 @@ def parse_config(
 def _coerce(name: str, raw: str) -> object:
     if name == "uvloop":
         return raw.strip().lower() in ("1", "true", "yes", "on")
-    if name in ("load_interval_s", "fence_wait_s", "auth_ttl_s"):
+    if name in ("load_interval_s", "fence_wait_s", "handoff_wait_s", "auth_ttl_s"):
         return float(raw)
     if name in (
         "port",

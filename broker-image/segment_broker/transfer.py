@@ -24,7 +24,9 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,13 +38,14 @@ from scalable_topics.core.transfer import CLOSE_SEGMENT_MOVED, ERR_SEGMENT_MOVED
 from .storage.cursor import Cursor, SubscriptionType
 from .storage.fsutil import atomic_write_json, fsync_dir, read_json
 from .storage.segment import Retention, SealInfo, Segment, SegmentMeta
-from .store import ConflictError, HostedSegment, NotFoundError, validate_name
+from .store import ConflictError, HostedSegment, NotFoundError, SegmentStore, validate_name
 
 if TYPE_CHECKING:
     from .server import Broker
 
 INCOMING = "incoming"
 RELEASING = "releasing"
+log = logging.getLogger(__name__)
 RECORD = struct.Struct("<qI")
 """A copied entry on the wire: ``i64 position, u32 length``, then the entry."""
 DEFAULT_READ_BYTES = 4 * 1024 * 1024
@@ -125,6 +128,25 @@ async def hold_incoming(hosted: HostedSegment, wait_s: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+async def hand_off(store: SegmentStore, wait_s: float) -> int:
+    """Graceful shutdown: keep serving, for at most ``wait_s``, while the leader moves the
+    segments of this (terminating, so draining) broker to the others; returns how many were
+    still here. Their clients follow each move through the close frame, so a rolling restart
+    costs writers no outage."""
+    if wait_s <= 0 or not store.segments:
+        return len(store.segments)
+    log.info("handing %d segment(s) off before stopping (up to %g s)", len(store.segments), wait_s)
+    deadline = time.monotonic() + wait_s
+    while store.segments and time.monotonic() < deadline:  # noqa: ASYNC110 - polled with a
+        await asyncio.sleep(0.05)  # deadline: segments leave through the admin API
+    left = len(store.segments)
+    if left:
+        log.warning("stopping with %d segment(s) not handed off after %g s", left, wait_s)
+    else:
+        log.info("every segment handed off")
+    return left
 
 
 class TransferRoutes:

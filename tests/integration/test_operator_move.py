@@ -24,6 +24,7 @@ from scalable_topics.client import ScalableTopicProducer, StreamConsumer
 from scalable_topics.client.segment import SegmentConsumer, SegmentError, SegmentProducer
 from scalable_topics.controller.transfer import TRANSFER_FAULT_POINTS
 from scalable_topics.core.transfer import DRAIN_ANNOTATION
+from scalable_topics.localcluster.restclient import STATEFULSETS
 from tests.chaos.checker import RestartKind, check
 from tests.chaos.workload import ConsumerRunner, OpenLoopWriter, ReadingConsumer, Recorder
 
@@ -313,3 +314,101 @@ async def test_drain_moves_every_segment_off_the_pod_and_uncordon_lets_it_back(
     finally:
         await stack.stop_operators()
     assert operator.proc.returncode == 0, operator.log()[-3000:]
+
+
+ROLL_TOPIC = "rolling"
+
+
+async def rolled_out(stack: Stack) -> bool:
+    """The broker StatefulSet runs its current template on every pod, all Ready."""
+    sts = await stack.api.get(STATEFULSETS, "scalable-topics", "segment-broker")
+    status = sts.get("status") or {}
+    return bool(
+        status.get("observedGeneration") == sts["metadata"]["generation"]
+        and status.get("updateRevision") == status.get("currentRevision")
+        and status.get("updatedReplicas") == status.get("readyReplicas") == 3
+    )
+
+
+async def test_rolling_restart_of_the_brokers_under_load_hands_segments_off(stack: Stack) -> None:
+    """Brokers with ``--handoff-wait-s`` (and a grace period above it): a rolling restart of
+    the three brokers under keyed load. Each terminating pod is drained by the leader before it
+    exits (its segments move, clients follow the close frame): the application sees no error,
+    the checker finds nothing lost or reordered."""
+    await stack.api.patch(
+        STATEFULSETS,
+        "scalable-topics",
+        "segment-broker",
+        [
+            {
+                "op": "replace",
+                "path": "/spec/template/spec/terminationGracePeriodSeconds",
+                "value": 40,
+            },
+            {
+                "op": "add",
+                "path": "/spec/template/spec/containers/0/env/-",
+                "value": {"name": "SEGMENT_BROKER_HANDOFF_WAIT_S", "value": "30"},
+            },
+        ],
+        patch_type="json",
+    )
+    await eventually(lambda: rolled_out(stack), 180, "brokers with the hand-off")
+    operator = await start(stack, "roller")
+    await stack.apply_topic(topic_body(ROLL_TOPIC, segments=3))
+    await stack.wait_ready(ROLL_TOPIC)
+    recorder = Recorder({LOAD_SUB: True})
+
+    async def open_stream() -> ReadingConsumer:
+        consumer = StreamConsumer(operator.url, "default", ROLL_TOPIC, LOAD_SUB, "reader")
+        await consumer.start()
+        return consumer
+
+    runner = ConsumerRunner("reader", LOAD_SUB, recorder, open_stream)
+    try:
+        async with ScalableTopicProducer(
+            operator.url, "default", ROLL_TOPIC, linger_ms=2
+        ) as producer:
+            await runner.start()
+            writer = OpenLoopWriter(producer, recorder, KEYS, rate=200.0, pad=16)
+            writer.start()
+            await _wait(lambda: recorder.acked >= 400, 60, "warm-up")
+            handle = recorder.restart(RestartKind.BROKER, "segment-broker")
+            rolled_at = recorder.clock()
+            await stack.api.patch(
+                STATEFULSETS,
+                "scalable-topics",
+                "segment-broker",
+                {"spec": {"template": {"metadata": {"annotations": {"test/roll": "1"}}}}},
+            )
+            await eventually(lambda: rolled_out(stack), 300, "the rolling restart")
+            recorder.restarted(handle)
+            done_at = recorder.clock()
+            acked = recorder.acked
+            await _wait(lambda: recorder.acked >= acked + 400, 60, "writes after the restart")
+            assert await writer.stop(30.0) == 0
+            moves = producer.moves
+        await _wait(lambda: recorder.unread(LOAD_SUB) == 0, 90, "the consumer caught up")
+        assert runner.error is None, runner.error
+    finally:
+        await runner.stop()
+        await stack.stop_operators()
+    history = recorder.history()
+    report = check(history)
+    waits = sorted(
+        s.completed - s.invoked
+        for s in history.sends
+        if s.completed is not None and rolled_at <= s.invoked <= done_at
+    )
+    p99 = waits[int(len(waits) * 0.99) - 1] if waits else float("nan")
+    events = [e for e in await stack.events(ROLL_TOPIC) if e["reason"] == "Moved"]
+    print(
+        f"\nrolling restart: {report.summary()}\n{len(events)} moves, producer followed "
+        f"{moves} moved close frames, publish latency during the restart: p99 {p99 * 1000:.0f} "
+        f"ms, max {waits[-1] * 1000 if waits else float('nan'):.0f} ms over {len(waits)} sends"
+    )
+    assert events, "the terminating brokers' segments were moved"
+    assert report.sends["fail"] == report.sends["info"] == 0, report.summary()
+    assert report.valid, report.summary()
+    assert report.lost == report.reordered == report.skips == report.unexpected == 0
+    assert report.duplicates_unexplained == 0, report.summary()

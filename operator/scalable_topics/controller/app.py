@@ -37,7 +37,7 @@ from . import metrics
 from .access import SessionAccess
 from .autoscale import AutoScaler
 from .brokers import BrokerAdmin
-from .cache import TopicCache, layout_of
+from .cache import TopicCache, layout_of, recorded_broker
 from .consumers import ConsumerHub
 from .corruption import corruption_changed
 from .health import DEFAULT_LEASE_TOLERANCE, DEFAULT_STALL, LivenessRule, QueueProgress
@@ -291,6 +291,10 @@ class Controller:
             pod = broker.get("pod")
             return pod in urls and urls[pod] != broker.get("url")
 
+        def draining(segment: Body) -> bool:
+            pod = self.cache.brokers.get(recorded_broker(segment) or "")
+            return pod is not None and pod.cordoned
+
         for (namespace, name), topic in list(self.cache.topics.items()):
             if not self.leadership.leads(namespace, name):
                 continue
@@ -298,7 +302,11 @@ class Controller:
                 (topic.get("status") or {}).get("conditions"), ConditionType.READY
             )
             segments = self.cache.segments.get((namespace, name), {}).values()
-            if not ready or ready.get("status") != "True" or any(moved(s) for s in segments):
+            if (
+                not ready
+                or ready.get("status") != "True"
+                or any(moved(s) or draining(s) for s in segments)
+            ):
                 self.queue.add((namespace, name))
 
     def _resync_led(self) -> None:

@@ -50,7 +50,7 @@ def pod_broker(pod: Mapping[str, Any], port: int = 8080) -> BrokerPod | None:
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     ip = status.get("podIP")
-    if not ip or meta.get("deletionTimestamp"):
+    if not ip:
         return None
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
@@ -60,7 +60,11 @@ def pod_broker(pod: Mapping[str, Any], port: int = 8080) -> BrokerPod | None:
         name=str(meta.get("name")),
         url=f"http://{ip}:{port}",
         ready=ready,
-        cordoned=bool((meta.get("annotations") or {}).get(DRAIN_ANNOTATION)),
+        # A terminating pod is drained like an annotated one: it may hand its segments off
+        # before it stops (the broker's --handoff-wait-s), so it stays a move's source.
+        cordoned=bool(
+            (meta.get("annotations") or {}).get(DRAIN_ANNOTATION) or meta.get("deletionTimestamp")
+        ),
         namespace=str(meta.get("namespace") or ""),
         uid=str(meta.get("uid") or ""),
     )
