@@ -50,6 +50,7 @@ RECORD = struct.Struct("<qI")
 """A copied entry on the wire: ``i64 position, u32 length``, then the entry."""
 DEFAULT_READ_BYTES = 4 * 1024 * 1024
 MAX_READ_BYTES = 64 * 1024 * 1024
+MAX_APPEND_BYTES = MAX_READ_BYTES + 2 * wire.MAX_ENTRY_SIZE
 
 
 def digest(segment: Segment) -> str:
@@ -238,6 +239,9 @@ class TransferRoutes:
         url = body.get("brokerUrl")
         if not isinstance(url, str) or not url:
             raise ValueError("brokerUrl (the new owner's URL) is required")
+        redirect = body.get("redirect", True)
+        if not isinstance(redirect, bool):
+            raise ValueError("redirect must be a boolean")
         key = self.broker._segment_key(request)
         hosted = self.store.get(*key)
         seg = hosted.segment
@@ -245,7 +249,10 @@ class TransferRoutes:
             raise ConflictError(f"segment {seg.name} is not released by a transfer")
         message = f"segment moved to {url}"
         for conn in list(hosted.connections):
-            conn.close_soon(ERR_SEGMENT_MOVED, message, CLOSE_SEGMENT_MOVED, moved_fields(url))
+            if redirect:
+                conn.close_soon(ERR_SEGMENT_MOVED, message, CLOSE_SEGMENT_MOVED, moved_fields(url))
+            else:  # a plain close: the client finds the owner again through its DAG session
+                conn.close_soon("GoingAway", message, wire.CLOSE_GOING_AWAY)
         waits = [conn.done.wait() for conn in list(hosted.connections)]
         if waits:
             # Bounded like a shutdown: a peer that never answers the close is cut off.
@@ -320,7 +327,7 @@ class TransferRoutes:
         seg = hosted.segment
         if seg.fence_reason != INCOMING:
             raise ConflictError(f"segment {seg.name} is not a transfer's incoming copy")
-        for position, entry in decode_records(await request.read()):
+        for position, entry in decode_records(await _body_bytes(request)):
             if position < seg.log.next_position:
                 continue  # copied before (a repeated step)
             if position != seg.log.next_position:
@@ -371,6 +378,17 @@ class TransferRoutes:
         elif not seg.writable:
             raise ConflictError(f"segment {seg.name} is fenced ({seg.fence_reason or 'child'})")
         return web.json_response(snapshot(hosted))
+
+
+async def _body_bytes(request: web.Request) -> bytes:
+    """The copied entries: read past the app's 1 MiB body limit (a chunk of the source's log,
+    or one entry of up to 16 MiB), up to :data:`MAX_APPEND_BYTES`."""
+    data = bytearray()
+    while chunk := await request.content.read(1 << 20):
+        data += chunk
+        if len(data) > MAX_APPEND_BYTES:
+            raise ValueError(f"copied entries larger than {MAX_APPEND_BYTES} bytes in one request")
+    return bytes(data)
 
 
 def _query_int(request: web.Request, name: str, default: int | None) -> int:

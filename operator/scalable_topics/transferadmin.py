@@ -67,11 +67,11 @@ class TransferAdmin:
     async def own(self) -> dict[str, Any]:
         return await self._json("POST", "own")
 
-    async def release(self, broker_url: str) -> dict[str, Any] | None:
-        """Close the source's clients with ``broker_url`` and delete its copy; None when it
-        was deleted already."""
+    async def release(self, broker_url: str, *, redirect: bool = True) -> dict[str, Any] | None:
+        """Close the source's clients with ``broker_url`` (``redirect=False``: a plain close,
+        for comparison) and delete its copy; None when it was deleted already."""
         return await self.admin._call_or_missing(
-            "POST", f"{self.path}/release", {"brokerUrl": broker_url}
+            "POST", f"{self.path}/release", {"brokerUrl": broker_url, "redirect": redirect}
         )
 
     async def _binary(

@@ -272,3 +272,32 @@ async def test_release_needs_a_fenced_source_and_copies_refuse_gaps(tmp_path: Pa
 
 async def _acked(producer: RawProducer, n: int) -> bool:
     return len(producer.acks) >= n
+
+
+async def test_copy_of_large_entries_passes_the_admin_body_limit(tmp_path: Path) -> None:
+    """The copy moves more than the admin API's 1 MiB request bodies: a read of several MiB and
+    a single entry larger than 1 MiB both reach the destination intact."""
+    async with (
+        running_broker(tmp_path / "a") as a,
+        running_broker(tmp_path / "b") as b,
+        SegmentAdmin(a.url) as admin_a,
+        SegmentAdmin(b.url) as admin_b,
+    ):
+        await admin_a.create_segment(NS, TOPIC, SID, 0, 0xFFFF, subscriptions={"s": "Exclusive"})
+        producer = await SegmentProducer.connect(a.url, NS, TOPIC, SID, "big", linger_ms=0)
+        sizes = [700_000, 700_000, 700_000, 2_500_000]
+        for i, size in enumerate(sizes):
+            await (await producer.send(bytes([i]) * size))
+        await producer.close()
+        src, dst = (TransferAdmin(x, NS, TOPIC, SID) for x in (admin_a, admin_b))
+        report = await copy(src, dst)
+        assert report.complete and report.entries == len(sizes)
+        assert report.bytes > sum(sizes)
+        await dst.own()
+        consumer = await SegmentConsumer.connect(b.url, NS, TOPIC, SID, "s", "c", permits=10)
+        for i, size in enumerate(sizes):
+            entry = await consumer.receive()
+            assert entry is not None and entry.position == i
+            (message,) = entry.messages()
+            assert message.value == bytes([i]) * size
+        await consumer.close()
