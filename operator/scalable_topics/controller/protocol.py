@@ -243,7 +243,8 @@ class OperationExecutor:
     def _place(self, topic: Body, segment_id: int, existing: Body | None) -> tuple[str, str]:
         """The broker (pod, url) of a segment: the recorded one, else the least loaded.
 
-        A segment never moves: its log lives on its broker's volume, and a StatefulSet pod
+        A segment stays where it was placed unless an ownership transfer moves it
+        (``controller.transfer``): its log lives on its broker's volume, and a StatefulSet pod
         comes back with the same name and volume. While the recorded pod is away this raises
         ``AdminError`` (the topic waits, ``BrokersUnavailable``) instead of placing the segment
         again, empty, somewhere else."""
