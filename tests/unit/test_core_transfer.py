@@ -14,9 +14,13 @@ from scalable_topics.core.transfer import (
     Action,
     BrokerView,
     Endpoint,
+    SegmentRate,
+    ShedPolicy,
     Transfer,
     TransferPhase,
     TransferView,
+    broker_loads,
+    choose_shed,
     is_orphan_copy,
     next_action,
 )
@@ -312,3 +316,69 @@ def test_without_crashes_the_move_completes(events: list[str], preload: int) -> 
         world.publish()
     run(world, [e for e in events if e in ("publish", "step")])
     assert world.owner == DST.pod
+
+
+# -- load shedding ------------------------------------------------------------------------------
+
+
+def rates(*items: tuple[str, float]) -> list[SegmentRate]:
+    return [SegmentRate(("ns", "t", i), broker, rate) for i, (broker, rate) in enumerate(items)]
+
+
+def test_shed_moves_the_hottest_movable_segment_to_the_least_loaded_broker() -> None:
+    segments = rates(("b0", 500), ("b0", 300), ("b0", 900), ("b1", 100), ("b2", 200))
+    move = choose_shed(["b0", "b1", "b2"], segments, ShedPolicy(), now=1000, last_shed_at=None)
+    assert move is not None
+    # b0 takes 1700 msg/s against a mean of 667; its 900 msg/s segment is below the 1600 gap
+    assert move.key == ("ns", "t", 2) and move.source == "b0" and move.destination == "b1"
+    assert "b0 takes 1700 msg/s" in move.reason and "goes to b1" in move.reason
+
+
+@pytest.mark.parametrize(
+    ("policy", "last", "segments", "why"),
+    [
+        (ShedPolicy(enabled=False), None, rates(("b0", 1000), ("b1", 0)), "off"),
+        (ShedPolicy(cooldown=60), 990.0, rates(("b0", 1000), ("b1", 0)), "cooldown"),
+        (ShedPolicy(margin=0.25), None, rates(("b0", 110), ("b1", 100)), "within the margin"),
+        (ShedPolicy(min_rate=500), None, rates(("b0", 400), ("b1", 0)), "too cold to matter"),
+        (
+            ShedPolicy(),
+            None,
+            rates(("b0", 1000), ("b1", 10)),
+            "moving its one segment moves the heat",
+        ),
+    ],
+)
+def test_shed_does_nothing(
+    policy: ShedPolicy, last: float | None, segments: list[SegmentRate], why: str
+) -> None:
+    assert choose_shed(["b0", "b1"], segments, policy, now=1000, last_shed_at=last) is None, why
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    loads=st.lists(
+        st.tuples(st.integers(0, 3), st.floats(0, 5000, allow_nan=False)), min_size=1, max_size=12
+    ),
+    margin=st.floats(0, 1),
+)
+def test_a_shed_move_always_narrows_the_spread(
+    loads: list[tuple[int, float]], margin: float
+) -> None:
+    brokers = [f"b{i}" for i in range(4)]
+    segments = rates(*((f"b{b}", r) for b, r in loads))
+    move = choose_shed(
+        brokers, segments, ShedPolicy(margin=margin, min_rate=0), now=0, last_shed_at=None
+    )
+    if move is None:
+        return
+    before = broker_loads(brokers, segments)
+    moved = next(s for s in segments if s.key == move.key)
+    after = dict(before)
+    after[move.source] -= moved.rate
+    after[move.destination] += moved.rate
+    mean = sum(before.values()) / len(before)
+    assert before[move.source] > mean * (1 + margin)
+    assert before[move.destination] == min(before.values())
+    assert after[move.destination] < before[move.source], "the destination becomes no new hot spot"
+    assert max(after.values()) - min(after.values()) <= max(before.values()) - min(before.values())

@@ -36,7 +36,7 @@ point leaves a record the next leader completes (from ``Owned`` only forward) or
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,9 +48,14 @@ __all__ = [
     "Action",
     "BrokerView",
     "Endpoint",
+    "SegmentRate",
+    "ShedMove",
+    "ShedPolicy",
     "Transfer",
     "TransferPhase",
     "TransferView",
+    "broker_loads",
+    "choose_shed",
     "is_orphan_copy",
     "moved_fields",
     "moved_to",
@@ -294,3 +299,84 @@ def is_orphan_copy(
         return False
     parties = () if transfer is None else (transfer.source.pod, transfer.destination.pod)
     return broker_pod not in parties
+
+
+# -- load shedding -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShedPolicy:
+    """When the leader moves a segment off a hot broker (TransferShedder-style: the destination
+    is chosen up front). A broker is hot when its load (the summed ``msgRateIn`` of its active
+    segments, as the brokers report them) is above the brokers' mean by ``margin`` (0.25: 25 %)
+    and at least ``min_rate``; at most one move per ``cooldown`` seconds."""
+
+    enabled: bool = True
+    margin: float = 0.25
+    cooldown: float = 120.0
+    min_rate: float = 100.0
+
+    def __post_init__(self) -> None:
+        if self.margin < 0 or self.cooldown < 0 or self.min_rate < 0:
+            raise ValueError("shedding margin, cooldown and min_rate must not be negative")
+
+
+@dataclass(frozen=True)
+class SegmentRate:
+    key: tuple[str, str, int]
+    """(namespace, topic, segment id)."""
+    broker: str
+    rate: float
+
+
+@dataclass(frozen=True)
+class ShedMove:
+    key: tuple[str, str, int]
+    source: str
+    destination: str
+    reason: str
+
+
+def broker_loads(brokers: Iterable[str], segments: Iterable[SegmentRate]) -> dict[str, float]:
+    loads = dict.fromkeys(brokers, 0.0)
+    for s in segments:
+        if s.broker in loads:
+            loads[s.broker] += s.rate
+    return loads
+
+
+def choose_shed(
+    brokers: Iterable[str],
+    segments: Sequence[SegmentRate],
+    policy: ShedPolicy,
+    *,
+    now: float,
+    last_shed_at: float | None,
+) -> ShedMove | None:
+    """The one move that relieves the hottest broker, or None (disabled, in the cooldown, no
+    broker hot enough, or no segment whose move would not just make another broker the hot
+    one). ``brokers`` are those a segment may go to or come from (ready, not draining)."""
+    if not policy.enabled:
+        return None
+    if last_shed_at is not None and now - last_shed_at < policy.cooldown:
+        return None
+    loads = broker_loads(brokers, segments)
+    if len(loads) < 2:
+        return None
+    mean = sum(loads.values()) / len(loads)
+    hot = max(sorted(loads), key=lambda b: loads[b])
+    cold = min(sorted(loads), key=lambda b: loads[b])
+    if loads[hot] < policy.min_rate or loads[hot] <= mean * (1 + policy.margin):
+        return None
+    gap = loads[hot] - loads[cold]
+    movable = [s for s in segments if s.broker == hot and 0 < s.rate < gap]
+    if not movable:
+        return None
+    chosen = max(sorted(movable, key=lambda s: s.key), key=lambda s: s.rate)
+    above = 100.0 * (loads[hot] / mean - 1) if mean > 0 else 0.0
+    reason = (
+        f"{hot} takes {loads[hot]:.0f} msg/s, {above:.0f} % above the brokers' mean "
+        f"{mean:.0f} (margin {100 * policy.margin:.0f} %): its hottest movable segment "
+        f"({chosen.rate:.0f} msg/s) goes to {cold} ({loads[cold]:.0f} msg/s)"
+    )
+    return ShedMove(chosen.key, hot, cold, reason)
