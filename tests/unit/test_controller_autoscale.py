@@ -3,12 +3,15 @@ and executor objects: what it counts when the evaluator holds an action back, an
 evaluation asked for while the topic's lock is held is run once the lock is released.
 
 The Kubernetes client and broker admin are real objects but never reached: every scenario here
-ends without an action, so nothing is written.
+ends without an operation. What the auto-scaler writes (``status.autoScale``) and posts (events)
+goes to an in-memory stand-in of the topic's status subresource (resourceVersion-checked) and
+event list, so that what it says about each outcome is checked here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -19,13 +22,20 @@ from kubernetes_asyncio import client as k8s
 from prometheus_client import REGISTRY
 
 from scalable_topics.controller.autoscale import AutoScaler
+from scalable_topics.controller.autoscalestatus import suppression_message
 from scalable_topics.controller.brokers import BrokerAdmin
 from scalable_topics.controller.cache import TopicCache
-from scalable_topics.controller.kube import Body, KubeApi
+from scalable_topics.controller.kube import Body, Conflict, KubeApi
 from scalable_topics.controller.protocol import OperationExecutor
 from scalable_topics.controller.reconciler import TopicReconciler
+from scalable_topics.core.evaluator import Suppression
 from scalable_topics.core.layout import SegmentLayout
-from scalable_topics.core.policy import AutoScalePolicy
+from scalable_topics.core.policy import (
+    AutoScalePolicy,
+    ClusterDefaults,
+    ClusterMode,
+    resolve_policy,
+)
 from scalable_topics.core.resources import LABEL_TOPIC, format_time
 
 NAMESPACE = "autoscale-test"
@@ -44,6 +54,38 @@ class World:
     consumers: dict[str, int] = field(default_factory=dict)
     evaluations: int = 0
     leads_calls: int = 0
+    status_writes: int = 0
+    events: list[tuple[str, str]] = field(default_factory=list)
+
+    def auto_scale(self, name: str) -> dict[str, Any]:
+        return dict((self.cache.topics[(NAMESPACE, name)].get("status") or {})["autoScale"])
+
+
+def _in_memory_status(kube: KubeApi, holder: list[World]) -> None:
+    """The topic's status subresource and events, kept in the cache instead of an API server."""
+
+    async def get_topic(namespace: str, name: str) -> Body | None:
+        return copy.deepcopy(holder[0].cache.topics.get((namespace, name)))
+
+    async def replace_topic_status(body: Body) -> Body:
+        meta = body["metadata"]
+        stored = holder[0].cache.topics[(meta["namespace"], meta["name"])]
+        version = int(stored["metadata"].get("resourceVersion", "1"))
+        if meta.get("resourceVersion", "1") != str(version):
+            raise Conflict("stale resourceVersion")
+        written = copy.deepcopy(body)
+        written["metadata"]["resourceVersion"] = str(version + 1)
+        holder[0].status_writes += 1
+        return written
+
+    async def post_event(
+        obj: Body, *, type_: str, reason: str, message: str, component: str
+    ) -> None:
+        holder[0].events.append((reason, message))
+
+    kube.get_topic = get_topic  # type: ignore[method-assign]
+    kube.replace_topic_status = replace_topic_status  # type: ignore[method-assign]
+    kube.post_event = post_event  # type: ignore[method-assign]
 
 
 async def _no_events(topic: Body, type_: str, reason: str, message: str) -> None:
@@ -67,6 +109,7 @@ async def world() -> AsyncIterator[World]:
         defaults=AutoScalePolicy(),
     )
     holder: list[World] = []
+    _in_memory_status(kube, holder)
 
     def leads(namespace: str, name: str) -> bool:
         holder[0].leads_calls += 1
@@ -108,7 +151,7 @@ def put_topic(
     segment (except ``missing``) whose load sample is ``age`` seconds old."""
     world.cache.put_topic(
         {
-            "metadata": {"namespace": NAMESPACE, "name": name},
+            "metadata": {"namespace": NAMESPACE, "name": name, "resourceVersion": "1"},
             "status": {"layout": layout.to_metadata(), "epoch": layout.epoch, **(status or {})},
         }
     )
@@ -138,6 +181,21 @@ def put_topic(
             }
         )
     world.reconciler.policies[(NAMESPACE, name)] = policy
+    world.reconciler.resolutions[(NAMESPACE, name)] = resolve_policy(
+        policy, None, world.reconciler.cluster
+    )
+
+
+def evaluations(name: str) -> dict[str, float]:
+    """``scalable_topic_autoscale_evaluations_total`` of the topic, by result."""
+    found: dict[str, float] = {}
+    for family in REGISTRY.collect():
+        if family.name != "scalable_topic_autoscale_evaluations":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels["topic"] == name:
+                found[sample.labels["result"]] = sample.value
+    return found
 
 
 def suppressed(name: str) -> dict[str, float]:
@@ -254,8 +312,15 @@ async def test_every_suppression_reason_is_counted_by_label(world: World, reason
     assert await world.scaler.evaluate((NAMESPACE, name)) is None
     assert world.evaluations == 1
     assert suppressed(name) == expected
+    evaluation = world.auto_scale(name)["lastEvaluation"]
+    assert evaluation["result"] == ("Off" if reason == "disabled" else "Suppressed")
+    assert set(evaluation["reasons"]) == set(expected)
+    assert evaluation["since"] == format_time(NOW)
+    assert world.status_writes == 1
     assert await world.scaler.evaluate((NAMESPACE, name)) is None
     assert suppressed(name) == {label: 2 * value for label, value in expected.items()}
+    assert world.status_writes == 1, "the same outcome again writes nothing"
+    assert evaluations(name) == {evaluation["result"]: 2}
 
 
 async def _until(predicate: Callable[[], bool], what: str, within: float = 5.0) -> None:
@@ -297,3 +362,56 @@ async def test_an_evaluation_asked_for_under_the_lock_runs_once_after_release(
     world.scaler.trigger(*key)
     await _until(lambda: world.evaluations == 3, "a later trigger")
     assert world.evaluations == 3
+
+
+def test_suppression_messages_name_the_knob_and_where_it_is_set() -> None:
+    resolution = resolve_policy({"maxSegments": 2}, '{"splitCooldown": "5m"}')
+    message = suppression_message(
+        (Suppression.MAX_SEGMENTS, Suppression.SPLIT_COOLDOWN), resolution
+    )
+    assert "maxSegments 2 (maxSegments from spec.autoScale)" in message
+    assert "splitCooldown from the namespace's scalabletopics.io/autoscale-policy" in message
+
+
+async def test_nothing_called_for_is_idle(world: World) -> None:
+    put_topic(world, "quiet", SegmentLayout.initial(2), AutoScalePolicy())
+    assert await world.scaler.evaluate((NAMESPACE, "quiet")) is None
+    evaluation = world.auto_scale("quiet")["lastEvaluation"]
+    assert evaluation["result"] == "Idle" and evaluation["reasons"] == []
+    assert evaluations("quiet") == {"Idle": 1}
+    assert "nothing called for" in evaluation["message"]
+
+
+async def test_the_master_switch_off_stops_decisions_and_says_so(world: World) -> None:
+    world.reconciler.cluster = ClusterDefaults(mode=ClusterMode.OFF)
+    put_topic(world, "off", SegmentLayout.initial(2), AutoScalePolicy(), rates={0: HOT})
+    assert await world.scaler.evaluate((NAMESPACE, "off")) is None
+    assert world.evaluations == 0, "the evaluator is not even asked"
+    assert suppressed("off") == {"mode-off": 1}
+    evaluation = world.auto_scale("off")["lastEvaluation"]
+    assert evaluation["result"] == "Off" and evaluation["reasons"] == ["mode-off"]
+    assert evaluations("off") == {"Off": 1}
+    assert "scalable-topics-autoscale-defaults" in evaluation["message"]
+
+
+async def test_recommend_mode_announces_each_distinct_recommendation_once(world: World) -> None:
+    world.reconciler.cluster = ClusterDefaults(mode=ClusterMode.RECOMMEND)
+    put_topic(world, "advice", SegmentLayout.initial(2), AutoScalePolicy(), rates={0: HOT})
+    for _ in range(3):
+        assert await world.scaler.evaluate((NAMESPACE, "advice")) is None
+    assert [reason for reason, _ in world.events] == ["ScalingRecommended"]
+    assert evaluations("advice") == {"Recommended": 3}
+    assert world.events[0][1].startswith("split [0] (auto: ")
+    auto = world.auto_scale("advice")
+    assert auto["lastDecision"]["action"] == "split" and auto["lastDecision"]["segments"] == [0]
+    assert auto["lastDecision"]["executed"] is False
+    assert auto["lastDecision"]["decidedAt"] == format_time(NOW)
+    assert auto["lastEvaluation"]["result"] == "Recommended"
+    assert "master switch" in auto["lastEvaluation"]["message"]
+    assert world.status_writes == 1
+
+    # Another recommendation (segment 1 is now the hot one) is announced again.
+    put_topic(world, "advice", SegmentLayout.initial(2), AutoScalePolicy(), rates={1: HOT})
+    assert await world.scaler.evaluate((NAMESPACE, "advice")) is None
+    assert [reason for reason, _ in world.events] == ["ScalingRecommended"] * 2
+    assert world.events[1][1].startswith("split [1] (auto: ")

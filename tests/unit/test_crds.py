@@ -145,6 +145,8 @@ def _column_node(schema: Mapping[str, Any], json_path: str) -> dict[str, Any] | 
                 ("Reason", 1),
                 ("Controller", 1),
                 ("Initial", 1),
+                ("Autoscale", 1),
+                ("Autoscale-Result", 1),
             ],
         ),
         (

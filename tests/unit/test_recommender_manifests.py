@@ -82,6 +82,7 @@ def test_rbac_is_narrow() -> None:
         "scalabletopics": {"get", "list"},
         "segments": {"get", "list"},
         "scalabletopics/status": {"update", "patch"},
+        "namespaces": {"get", "list"},
     }
     role = rbac["Role/scalable-topics-recommender-spark"]
     resources = {r for rule in role["rules"] for r in rule["resources"]}

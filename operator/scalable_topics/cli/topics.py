@@ -27,7 +27,7 @@ from .errors import CliError, NotFoundError
 from .kube import call, kube_api, read_topic
 from .progress import Progress
 
-__all__ = ["CliError", "add_parsers", "dag_text", "request"]
+__all__ = ["CliError", "add_parsers", "autoscale_lines", "dag_text", "request"]
 
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 
@@ -75,7 +75,51 @@ async def dag_text(api: k8s.ApiClient, namespace: str, name: str) -> str:
     lines = [header, render_dag(layout, rates_in=rates, backlog=backlog)]
     if operation:
         lines.append(f"in flight: {operation['kind']} {operation['id']} ({operation['phase']})")
+    lines.extend(autoscale_lines(status.get("autoScale") or {}))
     return "\n".join(lines)
+
+
+def autoscale_lines(auto: dict[str, Any]) -> list[str]:
+    """``status.autoScale`` for people: the effective mode and where it comes from, the knobs
+    not at the operator's default (with their source), the last outcome and decision."""
+    if not auto:
+        return []
+    sources = auto.get("sources") or {}
+    policy = auto.get("policy") or {}
+    mode = auto.get("mode") or "-"
+    lines = [f"auto-scale: mode {mode} (from {sources.get('mode', '-')})"]
+    changed = [
+        f"{knob}={value} ({sources[knob]})"
+        for knob, value in policy.items()
+        if knob != "mode" and sources.get(knob, "default") != "default"
+    ]
+    if policy:
+        lines.append(
+            "  policy: " + (", ".join(changed) + "; " if changed else "") + "the rest default"
+        )
+    if auto.get("problem"):
+        lines.append(f"  problem: {auto['problem']}")
+    evaluation = auto.get("lastEvaluation") or {}
+    if evaluation:
+        reasons = ", ".join(evaluation.get("reasons") or [])
+        lines.append(
+            f"  last evaluation: {evaluation.get('result')}"
+            + (f" [{reasons}]" if reasons else "")
+            + f" since {evaluation.get('since', '-')}: {evaluation.get('message', '')}"
+        )
+    decision = auto.get("lastDecision") or {}
+    if decision:
+        done = (
+            f"executed, operation {decision.get('operation')}"
+            if decision.get("executed")
+            else "not executed"
+        )
+        lines.append(
+            f"  last decision: {decision.get('action')} {decision.get('segments')} "
+            f"({decision.get('source')}, {done}) at {decision.get('decidedAt', '-')}: "
+            f"{decision.get('reason', '')}"
+        )
+    return lines
 
 
 async def cmd_dag(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ import kopf
 from aiohttp import web
 
 from ..core.layout import SegmentLayout
-from ..core.policy import DEFAULT_POLICY, AutoScalePolicy
+from ..core.policy import DEFAULT_POLICY, AutoScalePolicy, ClusterDefaults
 from ..core.resources import (
     GROUP,
     LABEL_TOPIC,
@@ -32,12 +32,14 @@ from ..core.resources import (
     parse_time,
     parse_topic_spec,
 )
+from ..core.transfer import ShedPolicy
 from ..kubeauth import KubernetesAuth
 from . import metrics
 from .access import SessionAccess
 from .autoscale import AutoScaler
 from .brokers import BrokerAdmin
 from .cache import TopicCache, layout_of, recorded_broker
+from .clusterdefaults import ClusterDefaultsWatch
 from .consumers import ConsumerHub
 from .corruption import corruption_changed
 from .health import DEFAULT_LEASE_TOLERANCE, DEFAULT_STALL, LivenessRule, QueueProgress
@@ -80,6 +82,7 @@ class ControllerSettings:
     defaults: AutoScalePolicy = DEFAULT_POLICY
     lease_tolerance: float = DEFAULT_LEASE_TOLERANCE
     liveness_stall: float = DEFAULT_STALL
+    shedding: ShedPolicy = field(default_factory=ShedPolicy)
 
     def advertised_url(self) -> str:
         return self.url or f"http://{self.host}:{self.port}"
@@ -148,6 +151,7 @@ class Controller:
             defaults=s.defaults,
         )
         self.reconciler.on_deleted = self.hub.forget_topic
+        self.reconciler.transfers.shed_policy = s.shedding
         # The hub serves a topic's consumers once told about it: on gaining the shard, and
         # after every reconcile (new topics, spec changes of subscriptions or grace period).
         self.reconciler.on_reconciled = self._restore_consumers
@@ -158,6 +162,9 @@ class Controller:
             self.reconciler.reconcile, workers=s.workers, name="topics"
         )
         self.reconciler.on_requeue_after = self.queue.add_after
+        self.cluster_defaults = ClusterDefaultsWatch(
+            kube, s.namespace, on_change=self._cluster_defaults_changed, events=self._event
+        )
         self.autoscaler = AutoScaler(
             self.cache,
             self.reconciler,
@@ -169,6 +176,14 @@ class Controller:
 
     async def _event(self, topic: Body, type_: str, reason: str, message: str) -> None:
         await self.reconciler.event(topic, type_, reason, message)
+
+    def _cluster_defaults_changed(self, cluster: ClusterDefaults) -> None:
+        """The cluster level changed: every topic this replica leads is resolved again (and
+        its ``status.autoScale`` rewritten) by a reconcile pass."""
+        self.reconciler.cluster = cluster
+        for namespace, name in list(self.cache.topics):
+            if self.leadership.leads(namespace, name):
+                self.queue.add((namespace, name))
 
     def _layout_changed(self, namespace: str, name: str, layout: SegmentLayout) -> None:
         """A split/merge/rebucket committed: consumers get new assignments, and one more
@@ -456,6 +471,12 @@ class Controller:
             ),
             name="kopf",
         )
+        try:
+            # The first passes resolve with the cluster level, not the built-in defaults alone.
+            await self.cluster_defaults.load()
+        except Exception as exc:
+            log.warning("cluster auto-scale defaults not read yet (%s); the watch retries", exc)
+        defaults_watch = asyncio.create_task(self.cluster_defaults.run(), name="cluster-defaults")
         self.queue.start()
         assert self.autoscaler is not None
         self.autoscaler.start()
@@ -477,6 +498,9 @@ class Controller:
             await self.leadership.stop()
             await self.autoscaler.stop()
             await self.queue.stop()
+            self.cluster_defaults.stop()
+            defaults_watch.cancel()
+            await asyncio.gather(defaults_watch, return_exceptions=True)
             resync.cancel()
             await asyncio.gather(resync, return_exceptions=True)
             await self.hub.close()

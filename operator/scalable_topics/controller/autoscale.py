@@ -16,15 +16,28 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..core.evaluator import LoadSample, Merge, Rebucket, Split, decide_explained
-from ..core.policy import PolicyMode
+from ..core.evaluator import LoadSample, Merge, Rebucket, Split, Suppression, decide_explained
+from ..core.policy import ClusterMode
 from ..core.recommendation import accept
-from ..core.resources import parse_time
+from ..core.resources import format_time, parse_time
 from . import metrics
+from .autoscalestatus import (
+    ACTED,
+    IDLE,
+    OFF,
+    RECOMMENDED,
+    SUPPRESSED,
+    Outcome,
+    mode_message,
+    put_decision,
+    put_outcome,
+    suppression_message,
+)
 from .cache import TopicCache, layout_of
 from .kube import Body
 from .protocol import OperationExecutor, OperationRejected
 from .reconciler import TopicReconciler
+from .status import TopicGone, update_topic_status
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +101,8 @@ class AutoScaler:
         self._deferred: dict[Key, asyncio.Task[None]] = {}
         """Topics whose evaluation found the lock held, each with the task that re-triggers
         it once the holder lets go (one per topic, however many requests came meanwhile)."""
+        self._recommended: dict[Key, tuple[Any, ...]] = {}
+        """The last recommendation announced per topic (recommend mode): one event each."""
 
     def trigger(self, namespace: str, name: str) -> None:
         """Evaluate now (a stream consumer registered or left)."""
@@ -178,15 +193,23 @@ class AutoScaler:
         )
 
     async def _evaluate(self, namespace: str, name: str) -> str | None:
-        topic = self.cache.topics.get((namespace, name))
-        policy = self.reconciler.policies.get((namespace, name))
-        if topic is None or policy is None:
+        key = (namespace, name)
+        topic = self.cache.topics.get(key)
+        resolution = self.reconciler.resolutions.get(key)
+        if topic is None or resolution is None:
             return None
+        policy = resolution.policy
         status = topic.get("status") or {}
         layout = layout_of(topic)
         if layout is None or status.get("operation"):
             return None
         now = self.clock()
+        if resolution.mode is ClusterMode.OFF:
+            metrics.AUTOSCALE_SUPPRESSED.labels(namespace, name, Suppression.MODE_OFF.value).inc()
+            off = suppression_message((Suppression.MODE_OFF,), resolution)
+            await self._record(topic, Outcome(OFF, (Suppression.MODE_OFF.value,), off), now)
+            self._recommended.pop(key, None)
+            return None
         last_split = _time(status, "lastSplitAt")
         last_merge = _time(status, "lastMergeAt")
         buckets = self.cache.segment_buckets(namespace, name)
@@ -199,6 +222,7 @@ class AutoScaler:
             last_split_at=last_split,
             last_merge_at=last_merge,
             buckets=buckets,
+            bucket_max=resolution.bucket_max,
         )
         action = verdict.action
         source = "recommendation"
@@ -209,20 +233,36 @@ class AutoScaler:
         if action is None:
             decision = decide_explained(
                 layout,
-                load_samples(self.cache.segments.get((namespace, name), {})),
+                load_samples(self.cache.segments.get(key, {})),
                 self.stream_consumers(namespace, name),
                 policy,
                 now,
                 last_split,
                 last_merge,
                 buckets=buckets,
+                bucket_max=resolution.bucket_max,
             )
             for suppression in decision.suppressed:
                 metrics.AUTOSCALE_SUPPRESSED.labels(namespace, name, suppression.value).inc()
             action = decision.action
             source = "auto"
-        if action is None:
-            return None
+            if action is None:
+                reasons = tuple(dict.fromkeys(decision.suppressed))
+                if Suppression.DISABLED in reasons:
+                    result = OFF
+                elif reasons:
+                    result = SUPPRESSED
+                else:
+                    result = IDLE
+                message = suppression_message(reasons, resolution) or (
+                    "nothing called for: no segment above a split threshold, no cold adjacent "
+                    "pair, no stream consumers beyond the segments"
+                )
+                await self._record(
+                    topic, Outcome(result, tuple(r.value for r in reasons), message), now
+                )
+                self._recommended.pop(key, None)
+                return None
         if isinstance(action, Split):
             op, segments, at, n = "split", [action.segment_id], action.at, None
         elif isinstance(action, Merge):
@@ -231,14 +271,34 @@ class AutoScaler:
             assert isinstance(action, Rebucket)
             op, segments, at, n = "rebucket", list(action.segment_ids), None, action.buckets
         detail = action.detail or action.reason
-        if policy.mode is PolicyMode.RECOMMEND:
-            await self.reconciler.event(
-                topic,
-                "Normal",
-                "ScalingRecommended",
-                f"{op} {segments} ({source}: {detail}); not executed in recommend mode",
-            )
+        decided = {
+            "action": op,
+            "segments": segments,
+            "source": source,
+            "executed": False,
+            "reason": detail,
+            "decidedAt": format_time(now),
+        }
+        if resolution.mode is ClusterMode.RECOMMEND:
+            metrics.AUTOSCALE_EVALUATIONS.labels(namespace, name, RECOMMENDED).inc()
+            signature = (op, tuple(segments), at, n, source)
+            if self._recommended.get(key) != signature:
+                # One event per distinct recommendation, not one per evaluation.
+                self._recommended[key] = signature
+                await self.reconciler.event(
+                    topic,
+                    "Normal",
+                    "ScalingRecommended",
+                    f"{op} {segments} ({source}: {detail}); not executed in recommend mode",
+                )
+                await self._record(
+                    topic,
+                    Outcome(RECOMMENDED, (), f"{op} {segments}: {mode_message(resolution)}"),
+                    now,
+                    decided,
+                )
             return None
+        self._recommended.pop(key, None)
         operation = self.reconciler.plan(
             topic, layout, op, segments, at, source=source, reason=detail, buckets=n
         )
@@ -247,6 +307,16 @@ class AutoScaler:
             "merge": metrics.AUTO_MERGES,
             "rebucket": metrics.AUTO_REBUCKETS,
         }[op]
+        # Recorded before the operation runs: its commit changes the layout, and whoever sees
+        # the new layout sees the decision that made it.
+        decided.update(executed=True, operation=operation.id)
+        await self._record(topic, Outcome(ACTED, (), f"{op} {segments} ({source})"), now, decided)
+        await self.reconciler.event(
+            topic,
+            "Normal",
+            "ScalingDecided",
+            f"{op} {segments} ({source}: {detail}); starting operation {operation.id}",
+        )
         try:
             fresh = await self.reconciler.kube.get_topic(namespace, name)
             if fresh is None:
@@ -254,6 +324,48 @@ class AutoScaler:
             await self.executor.start(fresh, operation)
         except OperationRejected as exc:
             log.info("%s/%s: %s not started: %s", namespace, name, op, exc)
+            decided["executed"] = False
+            decided.pop("operation")
+            why = f"{op} {segments} ({source}) not started: {exc}"
+            await self._record(
+                topic, Outcome(SUPPRESSED, (), why), now, decided, fresh=False, count=False
+            )
             return None
         counter.labels(namespace, name).inc()
         return operation.id
+
+    async def _record(
+        self,
+        topic: Body,
+        outcome: Outcome,
+        now: float,
+        decision: dict[str, Any] | None = None,
+        *,
+        fresh: bool = True,
+        count: bool = True,
+    ) -> None:
+        """``status.autoScale``'s decision and outcome, written only when they changed
+        (``fresh``: the cached topic is current enough to compare against first), and the
+        evaluation counted by outcome (``count``; recommend mode counts its own)."""
+        meta = topic["metadata"]
+        if count and outcome.result != RECOMMENDED:
+            metrics.AUTOSCALE_EVALUATIONS.labels(
+                meta["namespace"], meta["name"], outcome.result
+            ).inc()
+
+        def change(status: dict[str, Any], _: Body) -> None:
+            put_outcome(status, outcome, format_time(now))
+            if decision is not None:
+                put_decision(status, decision)
+
+        try:
+            written = await update_topic_status(
+                self.reconciler.kube,
+                meta["namespace"],
+                meta["name"],
+                change,
+                topic=topic if fresh else None,
+            )
+        except TopicGone:
+            return
+        self.cache.put_topic(written)

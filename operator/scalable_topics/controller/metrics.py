@@ -30,12 +30,18 @@ AUTO_REBUCKETS = Counter(
     "Rebucket rollovers decided by the auto-scaler",
     TOPIC_LABELS,
 )
+AUTOSCALE_EVALUATIONS = Counter(
+    "scalable_topic_autoscale_evaluations_total",
+    "Auto-scale evaluations by outcome (status.autoScale.lastEvaluation.result: Acted, "
+    "Recommended, Suppressed, Idle, Off)",
+    (*TOPIC_LABELS, "result"),
+)
 AUTOSCALE_SUPPRESSED = Counter(
     "scalable_topic_autoscale_suppressed_total",
     "Auto-scale evaluations where the rules wanted an action that a gate held back, by the "
     "gate (core.evaluator.Suppression values: max-segments, split-cooldown, unsplittable, "
     "buckets-unknown, bucket-max, buckets-suffice, min-segments, merge-cooldown, max-dag-depth, "
-    "disabled)",
+    "disabled, mode-off)",
     (*TOPIC_LABELS, "reason"),
 )
 OPERATIONS = Counter(
@@ -253,7 +259,13 @@ def forget_topic(namespace: str, topic: str) -> None:
     for metric in (ACTIVE_SEGMENTS, LAYOUT_EPOCH, *TOPIC_COUNTERS):
         with contextlib.suppress(KeyError):
             metric.remove(namespace, topic)
-    for family in (OPERATIONS, AUTOSCALE_SUPPRESSED, RECOMMENDATIONS, LAYOUT_REBUILDS):
+    for family in (
+        OPERATIONS,
+        AUTOSCALE_SUPPRESSED,
+        AUTOSCALE_EVALUATIONS,
+        RECOMMENDATIONS,
+        LAYOUT_REBUILDS,
+    ):
         _remove_matching(family, namespace, topic)
 
 

@@ -21,7 +21,15 @@ from ..core.buckets import initial_layout_buckets, layout_buckets
 from ..core.dagview import render_dag
 from ..core.layout import SegmentInfo, SegmentLayout
 from ..core.operation import Operation, plan_merge, plan_rebucket, plan_split
-from ..core.policy import AutoScalePolicy, format_duration
+from ..core.policy import (
+    AutoScalePolicy,
+    ClusterDefaults,
+    PolicyError,
+    Resolution,
+    format_duration,
+    parse_namespace_policy,
+    resolve_policy,
+)
 from ..core.rebuild import (
     one_report_each,
     orphans,
@@ -51,6 +59,7 @@ from ..core.resources import (
 )
 from ..core.retention import RetentionRule, SegmentDrains, drains_from_stats, next_expiry, prunable
 from . import metrics
+from .autoscalestatus import put_policy
 from .brokers import BrokerAdmin
 from .cache import TopicCache, layout_of, recorded_broker
 from .corruption import corrupted_segments
@@ -76,6 +85,14 @@ Key = tuple[str, str]
 
 STATS_CONCURRENCY = 8
 """Broker stats calls one reconcile pass makes at once (drain and retention checks)."""
+
+
+def _readable_knobs(namespace_policy: str | None) -> dict[str, Any]:
+    """The annotation's knobs, ``{}`` when it is ignored as invalid (the resolution says so)."""
+    try:
+        return parse_namespace_policy(namespace_policy)
+    except PolicyError:
+        return {}
 
 
 class SegmentsUnavailable(Exception):
@@ -116,6 +133,12 @@ class TopicReconciler:
         self.defaults = defaults
         self.clock = clock
         self.policies: dict[Key, AutoScalePolicy] = {}
+        self.resolutions: dict[Key, Resolution] = {}
+        """The effective policy of each topic with every knob's source (``status.autoScale``)."""
+        self.cluster = ClusterDefaults()
+        """The cluster-wide level (the ConfigMap the operator watches, ``clusterdefaults``)."""
+        self._policy_state: dict[Key, tuple[Resolution | None, str | None]] = {}
+        """This pass's resolution and policy problem, for ``status.autoScale``."""
         self._locks: dict[Key, asyncio.Lock] = {}
         self.on_deleted: Callable[[str, str], None] | None = None
         self.on_reconciled: Callable[[str, str, Body], None] | None = None
@@ -143,6 +166,8 @@ class TopicReconciler:
         self._observed.pop((namespace, name), None)
         self._leftovers.pop((namespace, name), None)
         self._unknown.pop((namespace, name), None)
+        self._policy_state.pop((namespace, name), None)
+        self.resolutions.pop((namespace, name), None)
 
     def lock(self, key: Key) -> asyncio.Lock:
         """Held by whoever mutates the topic (a reconcile pass or an auto-scale operation)."""
@@ -153,17 +178,28 @@ class TopicReconciler:
             topic, type_=type_, reason=reason, message=message, component="scalable-topics-operator"
         )
 
-    async def namespace_policy(self, namespace: str) -> dict[str, Any]:
-        """The knobs of the namespace's annotation (``{}`` without one)."""
+    async def namespace_policy(self, namespace: str) -> str | None:
+        """The text of the namespace's policy annotation (``None`` without one)."""
         annotations = await self.kube.namespace_annotations(namespace)
-        raw = annotations.get(POLICY_ANNOTATION)
-        namespace_policy: dict[str, Any] = {}
-        if raw:
-            try:
-                namespace_policy = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"namespace annotation {POLICY_ANNOTATION}: {exc}") from None
-        return namespace_policy
+        return annotations.get(POLICY_ANNOTATION)
+
+    def resolve(
+        self, spec: ScalableTopicSpec, namespace_policy: str | None
+    ) -> tuple[Resolution | None, tuple[str, str] | None]:
+        """The topic's effective policy (``core.policy.resolve_policy``) and the problem to show
+        in Ready: an ignored namespace annotation (the other levels apply) or an invalid
+        combination (no auto-scaling until it is fixed)."""
+        knobs = spec.auto_scale.knobs() if spec.auto_scale is not None else None
+        try:
+            resolution = resolve_policy(knobs, namespace_policy, self.cluster, self.defaults)
+        except PolicyError as exc:
+            return None, (
+                Reason.INVALID_AUTO_SCALE_POLICY,
+                f"invalid effective auto-scale policy: {exc}; auto-scaling is stopped",
+            )
+        if resolution.problems:
+            return resolution, (Reason.INVALID_AUTO_SCALE_POLICY, "; ".join(resolution.problems))
+        return resolution, None
 
     # -- the pass ------------------------------------------------------------------------------
 
@@ -227,13 +263,10 @@ class TopicReconciler:
         # finished (a sealed parent waits for its layout commit), segments kept in place and
         # manual requests served. Ready=False says what is wrong.
         # The policy is the topic spec's, then the namespace annotation's, then the defaults.
-        problem: tuple[str, str] | None = None
-        namespace_policy: dict[str, Any] = {}
-        try:
-            namespace_policy = await self.namespace_policy(namespace)
-            policy: AutoScalePolicy | None = spec.policy(namespace_policy, self.defaults)
-        except ValueError as exc:
-            policy, problem = None, (Reason.INVALID_AUTO_SCALE_POLICY, str(exc))
+        namespace_policy = await self.namespace_policy(namespace)
+        resolution, problem = self.resolve(spec, namespace_policy)
+        policy = None if resolution is None else resolution.policy
+        self._policy_state[(namespace, name)] = (resolution, problem[1] if problem else None)
 
         layout = layout_of(topic)
         raw_layout = (topic.get("status") or {}).get("layout")
@@ -260,7 +293,9 @@ class TopicReconciler:
             # stopped: ``initialSegments`` outside a bound that the namespace or the defaults
             # set (admission rejects the topic's own). An invalid policy says so itself.
             unbuildable = (
-                None if policy is None else spec.initial_segments_problem(policy, namespace_policy)
+                None
+                if policy is None
+                else spec.initial_segments_problem(policy, _readable_knobs(namespace_policy))
             )
             if unbuildable is not None:
                 await self._not_ready(
@@ -297,10 +332,12 @@ class TopicReconciler:
         ):
             await self.event(topic, "Warning", problem[0], problem[1])
         self.cache.put_topic(topic)
-        if policy is None:
+        if resolution is None:
             self.policies.pop((namespace, name), None)
+            self.resolutions.pop((namespace, name), None)
         else:
-            self.policies[(namespace, name)] = policy
+            self.policies[(namespace, name)] = resolution.policy
+            self.resolutions[(namespace, name)] = resolution
         if self.on_reconciled:
             self.on_reconciled(namespace, name, topic)
         if look_again is not None and self.on_requeue_after is not None:
@@ -1078,6 +1115,8 @@ class TopicReconciler:
             )
             status["conditions"] = conditions
             status["observedGeneration"] = generation
+            if (ns, name) in self._policy_state:
+                put_policy(status, *self._policy_state[(ns, name)])
             status["epoch"] = layout.epoch
             status["nextSegmentId"] = layout.next_segment_id
             status["activeSegments"] = len(active)

@@ -295,6 +295,14 @@ def topic_crd() -> dict[str, Any]:
         _column("Reason", "string", f"{_READY}.reason", "Ready condition reason.", 1),
         _column("Controller", "string", ".status.controller.pod", "Leader pod.", 1),
         _column("Initial", "integer", ".spec.initialSegments", "Initial segments.", 1),
+        _column("Autoscale", "string", ".status.autoScale.mode", "Effective auto-scale mode.", 1),
+        _column(
+            "Autoscale-Result",
+            "string",
+            ".status.autoScale.lastEvaluation.result",
+            "Last auto-scale outcome.",
+            1,
+        ),
     ]
     return _crd(
         r.TOPIC_KIND,

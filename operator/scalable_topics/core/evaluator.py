@@ -160,6 +160,9 @@ class Suppression(enum.StrEnum):
     """More stream consumers than active segments, but no more than the active segments'
     entry buckets: the controller spreads the buckets over them (PIP-486 key-shared), so no
     split or rebucket is needed for them."""
+    MODE_OFF = "mode-off"
+    """The cluster master switch (ConfigMap ``scalable-topics-autoscale-defaults``, ``mode:
+    off``) stops every decision; reported by the operator, which then does not evaluate."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -973,6 +973,54 @@ class Recommendation(_Status):
     actions: list[RecommendedAction] = Field(default_factory=list, description="Suggested steps.")
 
 
+class AutoScaleDecision(_Status):
+    """The auto-scaler's last decision: executed (mode auto) or only recorded (recommend)."""
+
+    action: OperationKind = Field(description="split, merge or rebucket.")
+    segments: list[int] = Field(default_factory=list, description="Segment ids concerned.")
+    source: str = Field(description="auto (the evaluator) or recommendation (the recommender).")
+    executed: bool = Field(description="Whether the operation was started (false: recommend).")
+    operation: str | None = Field(None, description="Id of the operation started, if any.")
+    reason: str = Field("", description="Why: the rule and the figures behind it.")
+    decided_at: Timestamp | None = Field(None, description="When it was decided.")
+
+
+class AutoScaleEvaluation(_Status):
+    """The outcome of the auto-scaler's evaluations; ``since`` moves only when it changes."""
+
+    result: str = Field(
+        description="Acted, Recommended, Suppressed (an action was wanted but held back), Idle "
+        "(nothing called for) or Off (the master switch or the policy stops decisions)."
+    )
+    reasons: list[str] = Field(
+        default_factory=list,
+        description="Suppression reasons (the scalable_topic_autoscale_suppressed_total labels).",
+    )
+    message: str = Field("", description="What was held back and by what.")
+    since: Timestamp | None = Field(None, description="First evaluation with this outcome.")
+
+
+class AutoScaleStatus(_Status):
+    """The effective auto-scale policy, where each knob came from, and what the auto-scaler
+    last decided or why it did nothing (``core.policy.resolve_policy``)."""
+
+    mode: str | None = Field(None, description="Effective mode: off, recommend or auto.")
+    policy: dict[str, str] = Field(
+        default_factory=dict, description="Every knob's effective value, as users write it."
+    )
+    sources: dict[str, str] = Field(
+        default_factory=dict,
+        description="Where each knob comes from: topic, namespace, cluster or default.",
+    )
+    problem: str | None = Field(
+        None, description="A policy level that is ignored or invalid, and why."
+    )
+    last_decision: AutoScaleDecision | None = Field(None, description="The last decision.")
+    last_evaluation: AutoScaleEvaluation | None = Field(
+        None, description="The latest evaluations' outcome."
+    )
+
+
 class ScalableTopicStatus(_Status):
     """Observed state, written by the leader (and recommendation by the recommender)."""
 
@@ -1011,6 +1059,9 @@ class ScalableTopicStatus(_Status):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["id"]},
     )
     recommendation: Recommendation | None = Field(None, description="Recommender output.")
+    auto_scale: AutoScaleStatus | None = Field(
+        None, description="Effective auto-scale policy with sources, last decision, suppression."
+    )
 
     def condition(self, type: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type), None)
