@@ -412,3 +412,64 @@ async def test_rolling_restart_of_the_brokers_under_load_hands_segments_off(stac
     assert report.valid, report.summary()
     assert report.lost == report.reordered == report.skips == report.unexpected == 0
     assert report.duplicates_unexplained == 0, report.summary()
+
+
+async def test_load_shedding_moves_a_hot_segment_off_a_hot_broker(stack: Stack) -> None:
+    """Both segments of a loaded topic on one broker while the others idle: the leader sees the
+    broker's msgRateIn (reported by the brokers into Segment.status.load) above the mean by the
+    margin, posts a LoadShed event saying why, counts it, and moves one segment to the least
+    loaded broker while the producer keeps writing without an error; the cooldown keeps it to
+    one move."""
+    operator = await stack.start_operator(
+        "shedder",
+        lease_duration=2.0,
+        renew_deadline=1.5,
+        retry_period=0.5,
+        extra=(
+            "--resync-interval",
+            "2",
+            "--shed-margin",
+            "0.5",
+            "--shed-min-rate",
+            "100",
+            "--shed-cooldown",
+            "600",
+        ),
+    )
+    recorder = Recorder({LOAD_SUB: True})
+    try:
+        await stack.apply_topic(topic_body("hot", segments=2))
+        await stack.wait_ready("hot")
+        segments = await stack.segments("hot")
+        hot = segments[0]["status"]["broker"]["pod"]
+        if segments[1]["status"]["broker"]["pod"] != hot:
+            request = {"id": "gather", "op": "move", "segments": [1], "to": hot}
+            await stack.request("hot", request)
+            done = await stack.wait_request("hot", "gather", within=90)
+            assert done["status"]["lastRequest"]["result"] == "Succeeded", done["status"]
+        async with ScalableTopicProducer(operator.url, "default", "hot", linger_ms=2) as producer:
+            writer = OpenLoopWriter(producer, recorder, KEYS, rate=600.0, pad=16)
+            writer.start()
+
+            async def shed() -> list[JsonObj]:
+                return [e for e in await stack.events("hot") if e["reason"] == "LoadShed"]
+
+            events = await eventually(shed, 120, "a LoadShed event")
+            assert f"{hot} takes" in events[0]["message"], events[0]["message"]
+
+            async def spread() -> bool:
+                placed = await stack.segments("hot")
+                return {s["status"]["broker"]["pod"] for s in placed.values()} != {hot} and not any(
+                    s["status"].get("transfer") for s in placed.values()
+                )
+
+            await eventually(spread, 90, "one segment moved off the hot broker")
+            assert await writer.stop(30.0) == 0
+        async with stack.http.get(operator.url + "/metrics") as resp:
+            text = await resp.text()
+        assert "scalable_topic_load_sheds_total 1.0" in text
+        assert len(await shed()) == 1, "the cooldown allows one move"
+    finally:
+        await stack.stop_operators()
+    report = check(recorder.history())
+    assert report.sends["fail"] == report.sends["info"] == 0, report.summary()

@@ -9,6 +9,7 @@ import signal
 import socket
 
 from ..core.logfmt import configure
+from ..core.transfer import ShedPolicy
 from .app import Controller, ControllerSettings
 from .health import DEFAULT_LEASE_TOLERANCE, DEFAULT_STALL, LivenessRule
 from .leases import ElectionTimings
@@ -73,11 +74,36 @@ def parse_args(argv: list[str] | None = None) -> ControllerSettings:
         help="/healthz fails when topics wait and no reconcile started or finished for this long",
     )
     parser.add_argument("--recommendation-freshness", type=float, default=1200.0)
+    shed = ShedPolicy()
+    parser.add_argument(
+        "--load-shedding",
+        choices=("on", "off"),
+        default="on",
+        help="move the hottest segment off a broker whose load stays above the mean",
+    )
+    parser.add_argument(
+        "--shed-margin",
+        type=float,
+        default=shed.margin,
+        help="a broker is hot above the brokers' mean msgRateIn by this fraction",
+    )
+    parser.add_argument(
+        "--shed-min-rate",
+        type=float,
+        default=shed.min_rate,
+        help="msg/s a hot broker takes at least before anything moves",
+    )
+    parser.add_argument(
+        "--shed-cooldown", type=float, default=shed.cooldown, help="seconds between two sheds"
+    )
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     args = parser.parse_args(argv)
     try:
         LivenessRule(args.lease_duration, args.lease_tolerance, args.liveness_stall)
+        ShedPolicy(
+            margin=args.shed_margin, cooldown=args.shed_cooldown, min_rate=args.shed_min_rate
+        )
     except ValueError as exc:
         parser.error(str(exc))
     configure(args.log_level, args.log_format)
@@ -99,6 +125,12 @@ def parse_args(argv: list[str] | None = None) -> ControllerSettings:
         recommendation_freshness=args.recommendation_freshness,
         lease_tolerance=args.lease_tolerance,
         liveness_stall=args.liveness_stall,
+        shedding=ShedPolicy(
+            enabled=args.load_shedding == "on",
+            margin=args.shed_margin,
+            cooldown=args.shed_cooldown,
+            min_rate=args.shed_min_rate,
+        ),
     )
 
 

@@ -32,6 +32,7 @@ from ..core.resources import (
     parse_time,
     parse_topic_spec,
 )
+from ..core.transfer import ShedPolicy
 from ..kubeauth import KubernetesAuth
 from . import metrics
 from .access import SessionAccess
@@ -81,6 +82,7 @@ class ControllerSettings:
     defaults: AutoScalePolicy = DEFAULT_POLICY
     lease_tolerance: float = DEFAULT_LEASE_TOLERANCE
     liveness_stall: float = DEFAULT_STALL
+    shedding: ShedPolicy = field(default_factory=ShedPolicy)
 
     def advertised_url(self) -> str:
         return self.url or f"http://{self.host}:{self.port}"
@@ -149,6 +151,7 @@ class Controller:
             defaults=s.defaults,
         )
         self.reconciler.on_deleted = self.hub.forget_topic
+        self.reconciler.transfers.shed_policy = s.shedding
         # The hub serves a topic's consumers once told about it: on gaining the shard, and
         # after every reconcile (new topics, spec changes of subscriptions or grace period).
         self.reconciler.on_reconciled = self._restore_consumers

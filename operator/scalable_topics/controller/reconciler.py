@@ -309,6 +309,7 @@ class TopicReconciler:
             layout = layout_of(topic) or layout
         topic = await self.transfers.resume(topic)
         topic = await self.transfers.drain(topic)
+        topic = await self.transfers.shed(topic)
 
         try:
             await self._ensure_segments(topic, layout, spec, recover=not fresh)

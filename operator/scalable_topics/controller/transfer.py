@@ -23,15 +23,20 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from prometheus_client import Counter
+
 from ..brokeradmin import AdminError
 from ..core.resources import ManualRequest, format_time, remember_request
 from ..core.transfer import (
     Action,
     BrokerView,
     Endpoint,
+    SegmentRate,
+    ShedPolicy,
     Transfer,
     TransferPhase,
     TransferView,
+    choose_shed,
     next_action,
 )
 from ..transferadmin import TransferAdmin, copy
@@ -61,6 +66,13 @@ RETRY_AFTER = 2.0
 
 EventSink = Callable[[Body, str, str, str], Awaitable[None]]
 Requeue = Callable[[tuple[str, str], float], None]
+
+
+LOAD_SHEDS = Counter(
+    "scalable_topic_load_sheds_total",
+    "Segments the leader moved off a broker whose load was above the brokers' mean "
+    "(load shedding; the reason is in the LoadShed event and the log).",
+)
 
 
 class MoveRejected(Exception):
@@ -96,6 +108,8 @@ class TransferExecutor:
         self.fault = _fault_point()
         self._fenced_at: dict[str, float] = {}
         self._announced: set[str] = set()
+        self.shed_policy = ShedPolicy()
+        self._last_shed_at: float | None = None
         """Draining pods whose ``Drained`` event was posted (again after an uncordon)."""
 
     def _crash_point(self, point: str) -> None:
@@ -244,6 +258,49 @@ class TransferExecutor:
                 topic = await self.drive(topic, sid)
         return topic
 
+    async def shed(self, topic: Body) -> Body:
+        """Load shedding: when a broker's load stays above the mean (``core.transfer``'s
+        ``choose_shed``, over every Active segment the cache knows, one move at a time, a
+        cooldown between moves), move its hottest movable segment if it is this topic's."""
+        if not self.shed_policy.enabled or (topic.get("status") or {}).get("operation"):
+            return topic
+        eligible = sorted(n for n, p in self.cache.brokers.items() if p.ready and not p.cordoned)
+        rates: list[SegmentRate] = []
+        for (ns, name), segments in self.cache.segments.items():
+            for sid, segment in segments.items():
+                status = segment.get("status") or {}
+                if status.get("transfer"):
+                    return topic  # one move at a time
+                pod = recorded_broker(segment)
+                if status.get("state") == "Active" and pod:
+                    rate = float((status.get("load") or {}).get("msgRateIn") or 0.0)
+                    rates.append(SegmentRate((ns, name, sid), pod, rate))
+        move = choose_shed(
+            eligible, rates, self.shed_policy, now=self.clock(), last_shed_at=self._last_shed_at
+        )
+        meta = topic["metadata"]
+        if move is None or move.key[:2] != (meta["namespace"], meta["name"]):
+            return topic
+        segment = self.cache.segments[(meta["namespace"], meta["name"])][move.key[2]]
+        url = ((segment.get("status") or {}).get("broker") or {}).get("url")
+        if not url:
+            return topic
+        self._last_shed_at = self.clock()
+        LOAD_SHEDS.inc()
+        await self.events(topic, "Normal", "LoadShed", f"segment {move.key[2]}: {move.reason}")
+        log.info("load shedding: segment %s: %s", move.key, move.reason)
+        try:
+            return await self._begin(
+                topic,
+                segment,
+                Endpoint(move.source, str(url)),
+                self.cache.brokers[move.destination],
+                trigger="shed",
+                reason=move.reason,
+            )
+        except Conflict:
+            return topic
+
     # -- the loop -------------------------------------------------------------------------------
 
     def _segment(self, topic: Body, sid: int) -> Body | None:
@@ -389,7 +446,7 @@ class TransferExecutor:
         if transfer.phase is TransferPhase.OWNED:
             message = (
                 f"segment {transfer.segment_id} moved from {transfer.source.pod} to "
-                f"{transfer.destination.pod} ({transfer.id}{window})"
+                f"{transfer.destination.pod} ({transfer.id}, {transfer.reason}{window})"
             )
             await self.events(topic, "Normal", "Moved", message)
             result = "Succeeded"

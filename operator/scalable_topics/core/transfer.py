@@ -308,13 +308,13 @@ def is_orphan_copy(
 class ShedPolicy:
     """When the leader moves a segment off a hot broker (TransferShedder-style: the destination
     is chosen up front). A broker is hot when its load (the summed ``msgRateIn`` of its active
-    segments, as the brokers report them) is above the brokers' mean by ``margin`` (0.25: 25 %)
+    segments, as the brokers report them) is above the brokers' mean by ``margin`` (0.5: 50 %)
     and at least ``min_rate``; at most one move per ``cooldown`` seconds."""
 
     enabled: bool = True
-    margin: float = 0.25
-    cooldown: float = 120.0
-    min_rate: float = 100.0
+    margin: float = 0.5
+    cooldown: float = 300.0
+    min_rate: float = 1000.0
 
     def __post_init__(self) -> None:
         if self.margin < 0 or self.cooldown < 0 or self.min_rate < 0:
