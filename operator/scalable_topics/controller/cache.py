@@ -70,6 +70,10 @@ def pod_broker(pod: Mapping[str, Any], port: int = 8080) -> BrokerPod | None:
     )
 
 
+DELETED_KEPT = 4096
+"""Deleted Segments' uids the cache remembers, so that a stale copy does not come back."""
+
+
 class TopicCache:
     def __init__(
         self, *, controller_url: Callable[[str, str], str], broker_port: int = 8080
@@ -85,6 +89,8 @@ class TopicCache:
         self._placed: dict[tuple[str, str, int], str] = {}
         """(namespace, topic, segment id) → broker pod of every segment that is not Sealed."""
         self._load: Counter[str] = Counter()
+        self._deleted: dict[str, None] = {}
+        """Uids of the last ``DELETED_KEPT`` Segments the watch saw deleted (oldest first)."""
 
     # -- feeding -------------------------------------------------------------------------------
 
@@ -106,6 +112,10 @@ class TopicCache:
         meta = body["metadata"]
         topic = (meta.get("labels") or {}).get(LABEL_TOPIC) or body.get("spec", {}).get("topic")
         if not topic:
+            return
+        if meta.get("uid") and str(meta["uid"]) in self._deleted:
+            # A listing or a write answered before the deletion, read after its watch event:
+            # keeping it would hide the loss from every later pass (nothing recovers it).
             return
         key = (meta["namespace"], str(topic))
         sid = int(body["spec"]["segmentId"])
@@ -130,8 +140,15 @@ class TopicCache:
         topic = (meta.get("labels") or {}).get(LABEL_TOPIC) or body.get("spec", {}).get("topic")
         if not topic:
             return
+        if meta.get("uid"):
+            self._deleted[str(meta["uid"])] = None
+            if len(self._deleted) > DELETED_KEPT:
+                del self._deleted[next(iter(self._deleted))]
         key = (meta["namespace"], str(topic))
         sid = int(body["spec"]["segmentId"])
+        cached_uid = (self.segments.get(key, {}).get(sid) or {}).get("metadata", {}).get("uid")
+        if meta.get("uid") and cached_uid and cached_uid != meta["uid"]:
+            return  # already written again (a new uid) before this event came
         self.segments.get(key, {}).pop(sid, None)
         self._place((key[0], key[1], sid), None)
         self._maybe_notify(key)

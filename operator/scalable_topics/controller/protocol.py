@@ -297,6 +297,9 @@ class OperationExecutor:
             newly_placed = False
         self.cache.put_segment(created)
         if newly_placed:
+            log.info(
+                "%s/%s: placed segment %d (%s) on %s", ns, name, segment_id, hash_range.hex(), pod
+            )
             await self.events(
                 topic, "Normal", "Placed", f"segment #{segment_id} {hash_range.hex()} on {pod}"
             )

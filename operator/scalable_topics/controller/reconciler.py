@@ -499,21 +499,37 @@ class TopicReconciler:
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         subscriptions = sorted((s.name, s.type.value) for s in spec.subscriptions)
         wanted = {s for s, _ in subscriptions}
-        existing = self.cache.segments.get((ns, name), {})
-        if any(sid not in existing for sid in layout.segments):
+        looked: set[int] = set()
+        """Segments this pass already looked for on the brokers (not placed afresh again)."""
+        if any(sid not in self._segments_of(ns, name) for sid in layout.segments):
             for body in await self.kube.list_segments(ns, name):
                 self.cache.put_segment(body)
-            existing = self.cache.segments.get((ns, name), {})
+            existing = self._segments_of(ns, name)
             missing = [sid for sid in sorted(layout.segments) if sid not in existing]
             if missing and recover:
                 await self._recover_segments(topic, layout, missing)
-                existing = self.cache.segments.get((ns, name), {})
+            looked.update(missing)
         # After the listing: once roots were pruned, bucket counts come from the Segments.
         buckets = self._buckets(topic, layout, spec)
         pending: list[int] = []
         failures: list[str] = []
         for info in layout.segments.values():
-            seg = existing.get(info.segment_id)
+            # The cache as it is now, not as listed: the watch drops a Segment deleted while
+            # this pass awaited (after the listing saw it), and that one is looked for on the
+            # brokers first too, never placed afresh (empty, perhaps elsewhere).
+            seg = self._segments_of(ns, name).get(info.segment_id)
+            if seg is None and recover and info.segment_id not in looked:
+                looked.add(info.segment_id)
+                await self._recover_segments(topic, layout, [info.segment_id])
+                seg = self._segments_of(ns, name).get(info.segment_id)
+            if seg is None and recover and info.active:
+                log.warning(
+                    "%s/%s: segment %d of the layout has no Segment and no broker holds it: "
+                    "placing it afresh",
+                    ns,
+                    name,
+                    info.segment_id,
+                )
             status = (seg or {}).get("status") or {}
             state = status.get("state")
             recorded = status.get("broker") or {}
@@ -551,6 +567,9 @@ class TopicReconciler:
         if failures:
             raise SegmentsUnavailable(pending, "; ".join(failures))
         await self._remove_orphans(topic, layout)
+
+    def _segments_of(self, ns: str, name: str) -> Mapping[int, Body]:
+        return self.cache.segments.get((ns, name), {})
 
     async def _recover_segments(
         self, topic: Body, layout: SegmentLayout, missing: list[int]
