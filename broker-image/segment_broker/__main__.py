@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -13,6 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from .access import BrokerAccess
+from .clustersettings import ClusterSettings
 from .config import BrokerConfig, parse_config
 from .corruption import CorruptionReporter
 from .load import (
@@ -53,6 +55,28 @@ async def _reporter(
         return None
 
     return _NoReporter(), None, nothing
+
+
+def _cluster_settings(
+    config: BrokerConfig, reporter: LoadReporter, metrics: BrokerMetrics, stop: asyncio.Event
+) -> asyncio.Task[None] | None:
+    """With the Kubernetes load reporter in a pod (``POD_NAMESPACE``, the operator's namespace
+    in the manifests): follow ``loadReportThreshold`` of the cluster defaults ConfigMap."""
+    namespace = os.environ.get("POD_NAMESPACE")
+    if config.load_reporter != "kubernetes" or not namespace:
+        return None
+    from .k8s_reporter import KubernetesLoadReporter
+
+    assert isinstance(reporter, ThresholdReporter)
+    assert isinstance(reporter.inner, KubernetesLoadReporter)
+    settings = ClusterSettings(
+        reporter.inner.api_client,
+        namespace,
+        reporter,
+        metrics,
+        interval=config.load_interval_s,
+    )
+    return asyncio.get_running_loop().create_task(settings.run(stop))
 
 
 async def _access(config: BrokerConfig, metrics: BrokerMetrics) -> BrokerAccess | None:
@@ -103,6 +127,7 @@ async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
     await broker.start()
     log.info("ready: %d segments", len(broker.store.segments))
     load_task = asyncio.get_running_loop().create_task(tracker.run(stop))
+    settings_task = _cluster_settings(config, reporter, metrics, stop)
     try:
         await stop.wait()
         await hand_off(broker.store, config.handoff_wait_s)
@@ -112,6 +137,9 @@ async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
         await runner.cleanup()
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):
             await asyncio.wait_for(load_task, 5.0)
+        if settings_task is not None:
+            settings_task.cancel()
+            await asyncio.gather(settings_task, return_exceptions=True)
         await close_reporter()
         if isinstance(history, S3HistoryWriter):
             await asyncio.to_thread(history.close)  # the last buffered lines

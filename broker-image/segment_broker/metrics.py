@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -127,6 +127,19 @@ class BrokerMetrics:
             "segment_broker_protocol_errors_total",
             "Connections closed for a protocol violation, by kind",
             ["kind"],
+            registry=self.registry,
+        )
+        self.load_report_threshold = Gauge(
+            "segment_broker_load_report_threshold",
+            "Relative move of a segment's rates or backlog that rewrites Segment.status.load "
+            "or backlog (loadReportThreshold of the ConfigMap scalable-topics-autoscale-defaults)",
+            registry=self.registry,
+        )
+        self.settings_problems = Counter(
+            "segment_broker_settings_problems_total",
+            "Reads of the ConfigMap scalable-topics-autoscale-defaults with an invalid value of "
+            "a setting the broker uses, by key (the previous value was kept)",
+            ["key"],
             registry=self.registry,
         )
         self.torn_tail_truncations = Counter(

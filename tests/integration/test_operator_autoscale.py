@@ -335,8 +335,12 @@ async def test_the_master_switch_off_stops_decisions_and_says_why(stack: Stack) 
     assert decision["action"] == "merge" and decision["segments"] == [0, 1]
     assert decision["executed"] is True and decision["source"] == "auto"
     assert auto["lastEvaluation"]["result"] == "Acted"
-    reasons = [e["reason"] for e in await stack.events(name)]
-    assert "ScalingDecided" in reasons and "Merged" in reasons
+
+    async def announced() -> bool:
+        reasons = {e["reason"] for e in await stack.events(name)}
+        return {"ScalingDecided", "Merged"} <= reasons
+
+    await eventually(announced, 30, "the ScalingDecided and Merged events")
 
 
 async def test_a_namespace_split_threshold_takes_effect_under_load(stack: Stack) -> None:
@@ -398,3 +402,47 @@ async def test_a_namespace_split_threshold_takes_effect_under_load(stack: Stack)
         f"the producer ran at {rates} msg/s: below the default threshold"
     )
     assert max(rates) > 5, rates
+
+
+async def test_brokers_follow_the_load_report_threshold_of_the_configmap(stack: Stack) -> None:
+    """``loadReportThreshold`` reaches every broker without a restart; an invalid value keeps
+    the previous one and the operator names the key in an event."""
+    urls = list((await stack.broker_urls()).values())
+    assert urls
+
+    async def thresholds(expected: float) -> bool:
+        found = []
+        for url in urls:
+            samples = await metric_samples(url)
+            found.append(samples.get(("segment_broker_load_report_threshold", ())))
+        return all(value == expected for value in found)
+
+    assert await eventually(lambda: thresholds(0.25), 30, "the default 25 % on every broker")
+    try:
+        await patch_defaults(stack, {"loadReportThreshold": "0.5"})
+        await eventually(lambda: thresholds(0.5), 60, "50 % on every broker")
+        await patch_defaults(stack, {"loadReportThreshold": "lots"})
+
+        async def warned() -> JsonObj | None:
+            return next(
+                (
+                    e
+                    for e in await stack.events(DEFAULTS, OPERATOR_NAMESPACE)
+                    if e.get("reason") == "InvalidSetting"
+                    and "key loadReportThreshold" in e.get("message", "")
+                ),
+                None,
+            )
+
+        await eventually(warned, 60, "an InvalidSetting event naming loadReportThreshold")
+
+        async def refused() -> bool:
+            key = ("segment_broker_settings_problems_total", (("key", "loadReportThreshold"),))
+            counts = [(await metric_samples(url)).get(key) or 0 for url in urls]
+            return all(count >= 1 for count in counts)
+
+        await eventually(refused, 60, "every broker read the invalid value")
+        assert await thresholds(0.5), "the invalid value keeps the previous one"
+    finally:
+        await patch_defaults(stack, {"loadReportThreshold": None})
+    await eventually(lambda: thresholds(0.25), 60, "back to 25 % on every broker")

@@ -72,8 +72,9 @@ def test_each_knob_comes_from_the_highest_level_that_sets_it(
     )
     assert set(resolution.sources) == set(KNOBS), "every knob is sourced"
     for name in KNOBS:
+        levels = zip(LEVELS, (topic, namespace, cluster), strict=True)
         expected = next(
-            ((lv, lk[name]) for lv, lk in zip(LEVELS, (topic, namespace, cluster)) if name in lk),
+            ((lv, lk[name]) for lv, lk in levels if name in lk),
             (PolicyLevel.DEFAULT, getattr(DEFAULT_POLICY, name)),
         )
         assert (resolution.sources[name], getattr(resolution.policy, name)) == expected, name
@@ -141,13 +142,20 @@ def test_an_invalid_combination_names_each_knob_and_its_level() -> None:
 
 def test_cluster_configmap_values_are_parsed_as_users_write_them() -> None:
     cluster, problems = parse_cluster_defaults(
-        {"mode": "recommend", "maxBuckets": "16", "splitCooldown": "2m", "maxSegments": "8"}
+        {
+            "mode": "recommend",
+            "maxBuckets": "16",
+            "loadReportThreshold": "0.5",
+            "splitCooldown": "2m",
+            "maxSegments": "8",
+        }
     )
     assert problems == ()
     assert cluster == ClusterDefaults(
         mode=ClusterMode.RECOMMEND,
         knobs={"split_cooldown": 120.0, "max_segments": 8},
         bucket_max=16,
+        load_report_threshold=0.5,
     )
     assert parse_cluster_defaults(None, cluster) == (ClusterDefaults(), ())
 
@@ -158,6 +166,8 @@ def test_cluster_configmap_values_are_parsed_as_users_write_them() -> None:
             ("mode", "sometimes", "not one of off, recommend, auto"),
             ("maxBuckets", "0", "not an integer from 1 to 1024"),
             ("maxBuckets", "2048", "not an integer from 1 to 1024"),
+            ("loadReportThreshold", "1.5", "not a fraction from 0 to 1"),
+            ("loadReportThreshold", "lots", "not a fraction from 0 to 1"),
             ("splitCooldown", "soon", "invalid duration"),
             ("maxSegmentz", "3", "unknown auto-scale policy knob"),
         ]
@@ -165,17 +175,24 @@ def test_cluster_configmap_values_are_parsed_as_users_write_them() -> None:
     st.sampled_from(list(ClusterMode)),
     st.integers(1, 1024),
     st.integers(64, 128),
+    st.floats(0, 1),
 )
 def test_an_invalid_key_is_named_and_keeps_its_previous_value(
-    bad: tuple[str, str, str], mode: ClusterMode, bucket_max: int, max_segments: int
+    bad: tuple[str, str, str],
+    mode: ClusterMode,
+    bucket_max: int,
+    max_segments: int,
+    threshold: float,
 ) -> None:
     key, value, words = bad
     previous = ClusterDefaults(
         mode=mode,
         knobs={"max_segments": max_segments, "split_cooldown": 5.0},
         bucket_max=bucket_max,
+        load_report_threshold=threshold,
     )
     data = {"mode": mode.value, "maxBuckets": str(bucket_max), "maxSegments": str(max_segments)}
+    data["loadReportThreshold"] = repr(threshold)
     data["splitCooldown"] = "5s"
     data[key] = value
     cluster, problems = parse_cluster_defaults(data, previous)

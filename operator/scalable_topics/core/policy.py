@@ -199,6 +199,9 @@ CLUSTER_DEFAULTS_CONFIGMAP = "scalable-topics-autoscale-defaults"
 
 BUCKET_MAX = 1024
 """The built-in ``N_max`` (``core.buckets.N_MAX``): a segment's entry buckets are at most this."""
+LOAD_REPORT_THRESHOLD = 0.25
+"""The built-in relative move (PIP-483's 25 %) of a segment's rates or backlog that makes a
+broker rewrite ``Segment.status.load``/``backlog``."""
 
 
 class PolicyLevel(enum.StrEnum):
@@ -308,6 +311,7 @@ class ClusterDefaults:
     mode: ClusterMode = ClusterMode.AUTO
     knobs: Mapping[str, Any] = field(default_factory=dict)
     bucket_max: int = BUCKET_MAX
+    load_report_threshold: float = LOAD_REPORT_THRESHOLD
 
 
 @dataclass(frozen=True)
@@ -321,7 +325,7 @@ class SettingProblem:
         return f"{self.key}: {self.message}"
 
 
-CLUSTER_SETTINGS = ("mode", "maxBuckets")
+CLUSTER_SETTINGS = ("mode", "maxBuckets", "loadReportThreshold")
 """ConfigMap keys besides the knobs' camelCase names (the knob ``mode`` is the master switch)."""
 
 
@@ -337,7 +341,7 @@ def parse_cluster_defaults(
     if data is None:
         return ClusterDefaults(), ()
     problems: list[SettingProblem] = []
-    mode, bucket_max = ClusterMode.AUTO, BUCKET_MAX
+    mode, bucket_max, threshold = ClusterMode.AUTO, BUCKET_MAX, LOAD_REPORT_THRESHOLD
     knobs: dict[str, Any] = {}
     for key, text in sorted(data.items()):
         value = text.strip() if isinstance(text, str) else text
@@ -359,6 +363,16 @@ def parse_cluster_defaults(
                 problems.append(
                     SettingProblem(key, f"{value!r} is not an integer from 1 to {BUCKET_MAX}")
                 )
+        elif key == "loadReportThreshold":
+            try:
+                threshold = float(value)
+                if not 0 <= threshold <= 1:
+                    raise ValueError
+            except (TypeError, ValueError):
+                threshold = before.load_report_threshold
+                problems.append(
+                    SettingProblem(key, f"{value!r} is not a fraction from 0 to 1 (0.25: 25 %)")
+                )
         else:
             try:
                 name, checked = validate_knob(key, value)
@@ -376,7 +390,10 @@ def parse_cluster_defaults(
             SettingProblem(keys, f"{_error_text(exc)} (the previous knob defaults are kept)")
         )
         knobs = dict(before.knobs)
-    return ClusterDefaults(mode=mode, knobs=knobs, bucket_max=bucket_max), tuple(problems)
+    cluster = ClusterDefaults(
+        mode=mode, knobs=knobs, bucket_max=bucket_max, load_report_threshold=threshold
+    )
+    return cluster, tuple(problems)
 
 
 def _all_knobs(policy: AutoScalePolicy) -> dict[str, Any]:
