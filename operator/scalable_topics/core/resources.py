@@ -43,6 +43,7 @@ from .layout import HashRange, SegmentLayout, SegmentState
 from .operation import OperationKind, Phase
 from .policy import (
     DEFAULT_POLICY,
+    NAMESPACE_POLICY_ANNOTATION,
     AutoScalePolicy,
     PolicySource,
     format_duration,
@@ -161,7 +162,7 @@ LABEL_SEGMENT_ID = f"{GROUP}/segment-id"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "scalable-topics-operator"
 ANNOTATION_REQUEST = f"{GROUP}/request"
-ANNOTATION_AUTOSCALE_POLICY = f"{GROUP}/autoscale-policy"
+ANNOTATION_AUTOSCALE_POLICY = NAMESPACE_POLICY_ANNOTATION
 """On a Namespace: a JSON object of camelCase auto-scale knobs for the topics in it."""
 
 MAX_INITIAL_SEGMENTS = 1024
