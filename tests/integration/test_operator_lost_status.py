@@ -119,11 +119,15 @@ async def split_and_merge(stack: Stack, name: str) -> tuple[SegmentLayout, Store
 
 
 async def delete_segments(stack: Stack, name: str, ids: list[int]) -> None:
+    """Delete the Segments and wait until those objects are gone (a running operator may have
+    written a new one under the same name already: a different uid)."""
+    uids = {sid: s["metadata"]["uid"] for sid, s in (await stack.segments(name)).items()}
     for sid in ids:
         await stack.api.delete(SEGMENTS, "default", f"{name}-{sid}")
 
     async def gone() -> bool:
-        return not set(ids) & set(await stack.segments(name))
+        now = await stack.segments(name)
+        return not any(now[sid]["metadata"]["uid"] == uids.get(sid) for sid in ids if sid in now)
 
     await eventually(gone, 30, f"Segments {ids} of {name} deleted")
 
