@@ -11,10 +11,11 @@ from scalable_topics.core.policy import (
     MIB,
     AutoScalePolicy,
     PolicyMode,
+    PolicySource,
     format_duration,
     parse_duration,
     parse_quantity,
-    resolve,
+    resolve_policy,
 )
 
 METRICS = ("msg_rate_in", "bytes_rate_in", "msg_rate_out", "bytes_rate_out")
@@ -201,6 +202,15 @@ def test_format_duration(seconds: float, text: str) -> None:
     assert parse_duration(text) == seconds
 
 
+def resolve(
+    topic: PolicySource,
+    namespace: dict[str, Any] | None,
+    defaults: AutoScalePolicy = DEFAULT_POLICY,
+) -> AutoScalePolicy:
+    """The policy :func:`resolve_policy` resolves without a cluster level."""
+    return resolve_policy(topic, namespace, None, defaults).policy
+
+
 def test_resolve_defaults_only() -> None:
     assert resolve(None, None) == DEFAULT_POLICY
     assert resolve({}, {}) == DEFAULT_POLICY
@@ -219,10 +229,9 @@ def test_resolve_field_by_field() -> None:
 
 
 def test_resolve_accepts_snake_case_and_policy_objects() -> None:
-    namespace = AutoScalePolicy(max_segments=5)
-    p = resolve({"min_segments": 3}, namespace)
+    p = resolve(AutoScalePolicy(max_segments=5), {"min_segments": 3})
     assert (p.max_segments, p.min_segments) == (5, 3)
-    # only the knobs the namespace object set explicitly take part
+    # only the knobs the topic's policy object set explicitly take part
     assert p.split_cooldown == 60.0
     custom_defaults = AutoScalePolicy(max_dag_depth=2)
     assert resolve(None, None, custom_defaults).max_dag_depth == 2
@@ -236,11 +245,12 @@ def test_resolve_validates_the_combination() -> None:
         resolve({"splitMsgRateInThreshold": 2000}, {"mergeMsgRateInThreshold": 3000})
 
 
-def test_resolve_rejects_unknown_knobs() -> None:
+def test_resolve_rejects_unknown_knobs_of_the_topic_and_ignores_an_unknown_namespace() -> None:
     with pytest.raises(ValueError, match="unknown auto-scale policy knob 'maxSegmets'"):
         resolve({"maxSegmets": 3}, None)
-    with pytest.raises(ValueError, match="unknown"):
-        resolve(None, {"bogus": True})
+    ignored = resolve_policy(None, {"bogus": True, "maxSegments": 3})
+    assert ignored.policy == DEFAULT_POLICY
+    assert "unknown auto-scale policy knob 'bogus'" in ignored.problems[0]
 
 
 def test_resolve_disabled_at_namespace_unless_topic_enables() -> None:

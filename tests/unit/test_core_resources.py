@@ -220,8 +220,8 @@ def test_a_combination_invalid_only_after_resolution_names_the_knobs() -> None:
     with pytest.raises(r.ResourceValidationError) as info:
         spec.policy()
     assert str(info.value) == (
-        "invalid effective auto-scale policy: spec.autoScale: maxSegments (64) must be >= "
-        "minSegments (100)"
+        "invalid effective auto-scale policy: maxSegments (64) must be >= minSegments (100) "
+        "(maxSegments from the operator's default, minSegments from spec.autoScale)"
     )
 
 
@@ -256,7 +256,7 @@ def test_initial_segments_against_the_effective_policy_name_the_bound_and_its_so
     spec: dict[str, Any], namespace: dict[str, Any] | None, problem: str | None
 ) -> None:
     parsed = r.parse_topic_spec(spec)
-    found = parsed.initial_segments_problem(parsed.policy(namespace), namespace)
+    found = parsed.initial_segments_problem(parsed.resolution(namespace))
     if problem is None:
         assert found is None
     else:

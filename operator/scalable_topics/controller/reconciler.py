@@ -27,7 +27,6 @@ from ..core.policy import (
     PolicyError,
     Resolution,
     format_duration,
-    parse_namespace_policy,
     resolve_policy,
 )
 from ..core.rebuild import (
@@ -85,14 +84,6 @@ Key = tuple[str, str]
 
 STATS_CONCURRENCY = 8
 """Broker stats calls one reconcile pass makes at once (drain and retention checks)."""
-
-
-def _readable_knobs(namespace_policy: str | None) -> dict[str, Any]:
-    """The annotation's knobs, ``{}`` when it is ignored as invalid (the resolution says so)."""
-    try:
-        return parse_namespace_policy(namespace_policy)
-    except PolicyError:
-        return {}
 
 
 class SegmentsUnavailable(Exception):
@@ -262,10 +253,10 @@ class TopicReconciler:
         # An invalid policy stops nothing but auto-scaling: an operation in flight must still be
         # finished (a sealed parent waits for its layout commit), segments kept in place and
         # manual requests served. Ready=False says what is wrong.
-        # The policy is the topic spec's, then the namespace annotation's, then the defaults.
+        # The policy is the topic spec's, then the namespace annotation's, then the cluster
+        # ConfigMap's, then the defaults.
         namespace_policy = await self.namespace_policy(namespace)
         resolution, problem = self.resolve(spec, namespace_policy)
-        policy = None if resolution is None else resolution.policy
         self._policy_state[(namespace, name)] = (resolution, problem[1] if problem else None)
 
         layout = layout_of(topic)
@@ -292,11 +283,7 @@ class TopicReconciler:
             # Nothing of the topic exists anywhere (``_rebuild`` looked), so nothing built is
             # stopped: ``initialSegments`` outside a bound that the namespace or the defaults
             # set (admission rejects the topic's own). An invalid policy says so itself.
-            unbuildable = (
-                None
-                if policy is None
-                else spec.initial_segments_problem(policy, _readable_knobs(namespace_policy))
-            )
+            unbuildable = None if resolution is None else spec.initial_segments_problem(resolution)
             if unbuildable is not None:
                 await self._not_ready(
                     topic, Reason.INVALID_SPEC, unbuildable, stalled=True, unbuilt=True

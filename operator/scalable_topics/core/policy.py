@@ -148,47 +148,8 @@ class AutoScalePolicy(BaseModel):
 DEFAULT_POLICY = AutoScalePolicy()
 
 PolicySource = Mapping[str, Any] | AutoScalePolicy | None
-
-
-def _explicit_fields(source: PolicySource) -> dict[str, Any]:
-    """The knobs a level actually sets, keyed by snake_case field name."""
-    if source is None:
-        return {}
-    if isinstance(source, AutoScalePolicy):
-        return {name: getattr(source, name) for name in source.model_fields_set}
-    by_alias = {(field.alias or name): name for name, field in AutoScalePolicy.model_fields.items()}
-    fields: dict[str, Any] = {}
-    for key, value in source.items():
-        name = by_alias.get(key, key)
-        if name not in AutoScalePolicy.model_fields:
-            raise ValueError(f"unknown auto-scale policy knob {key!r}")
-        if value is not None:
-            fields[name] = value
-    return fields
-
-
-def knob_source(name: str, topic: PolicySource, namespace: PolicySource) -> str:
-    """Which level :func:`resolve` takes knob ``name`` (snake_case) from: ``"topic"``,
-    ``"namespace"`` or ``"default"``."""
-    if name in _explicit_fields(topic):
-        return "topic"
-    if name in _explicit_fields(namespace):
-        return "namespace"
-    return "default"
-
-
-def resolve(
-    topic: PolicySource, namespace: PolicySource, defaults: AutoScalePolicy = DEFAULT_POLICY
-) -> AutoScalePolicy:
-    """Field by field: the topic's value, else the namespace's, else the operator default.
-
-    Raises ``ValueError`` (a pydantic ``ValidationError``) naming the knob when the combination
-    is invalid, e.g. a topic ``minSegments`` above the namespace's ``maxSegments``.
-    """
-    merged = {name: getattr(defaults, name) for name in AutoScalePolicy.model_fields}
-    merged.update(_explicit_fields(namespace))
-    merged.update(_explicit_fields(topic))
-    return AutoScalePolicy.model_validate(merged)
+"""A level of the policy: knobs by name (camelCase or snake_case), or a policy object whose
+explicitly set fields are its knobs."""
 
 
 # -- one resolution for the controller, the recommender and the acceptance rule -----------------

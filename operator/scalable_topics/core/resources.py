@@ -45,12 +45,14 @@ from .policy import (
     DEFAULT_POLICY,
     NAMESPACE_POLICY_ANNOTATION,
     AutoScalePolicy,
-    PolicySource,
+    ClusterDefaults,
+    PolicyError,
+    Resolution,
     format_duration,
-    knob_source,
+    level_text,
     parse_duration,
     parse_quantity,
-    resolve,
+    resolve_policy,
 )
 from .retention import RetentionRule
 from .transfer import TransferPhase
@@ -767,48 +769,54 @@ class ScalableTopicSpec(_Spec):
             seen.add(item.name)
         return value
 
-    def policy(
-        self, namespace: PolicySource = None, defaults: AutoScalePolicy = DEFAULT_POLICY
-    ) -> AutoScalePolicy:
-        """The effective policy: this topic's knobs, then the namespace's, then ``defaults``.
+    def resolution(
+        self,
+        namespace: str | Mapping[str, Any] | None = None,
+        cluster: ClusterDefaults | None = None,
+        defaults: AutoScalePolicy = DEFAULT_POLICY,
+    ) -> Resolution:
+        """The effective policy and each knob's source (:func:`core.policy.resolve_policy`):
+        this topic's knobs, then the namespace annotation's, then ``cluster``'s, then
+        ``defaults``.
 
         ``ResourceValidationError`` when the combination is invalid even though each level is
         valid alone (a topic ``minSegments: 100`` under the default ``maxSegments: 64``).
         """
         topic = self.auto_scale.knobs() if self.auto_scale is not None else None
         try:
-            return resolve(topic, namespace, defaults)
-        except ValidationError as exc:
-            raise ResourceValidationError(
-                "effective auto-scale policy", _problems(exc, "spec.autoScale")
-            ) from None
+            return resolve_policy(topic, namespace, cluster, defaults)
+        except PolicyError as exc:
+            raise ResourceValidationError("effective auto-scale policy", [("", str(exc))]) from None
+
+    def policy(
+        self,
+        namespace: str | Mapping[str, Any] | None = None,
+        cluster: ClusterDefaults | None = None,
+        defaults: AutoScalePolicy = DEFAULT_POLICY,
+    ) -> AutoScalePolicy:
+        """The effective policy (:meth:`resolution` without the sources)."""
+        return self.resolution(namespace, cluster, defaults).policy
 
     def subscription(self, name: str) -> SubscriptionSpec | None:
         return next((s for s in self.subscriptions if s.name == name), None)
 
-    def initial_segments_problem(
-        self, policy: AutoScalePolicy, namespace: PolicySource = None
-    ) -> str | None:
+    def initial_segments_problem(self, resolution: Resolution) -> str | None:
         """Why the topic cannot be laid out: ``initialSegments`` outside ``[minSegments,
-        maxSegments]`` of the effective ``policy`` (``None`` when it fits). ``namespace`` is the
-        namespace's policy, only to say where the bound comes from.
+        maxSegments]`` of the effective policy (``None`` when it fits), naming the level the
+        bound comes from.
 
         Admission rejects what the spec alone decides (:data:`TOPIC_RULES`); this is the rest,
         a bound from the namespace or the operator's defaults. It matters only before the topic
         is laid out: afterwards ``initialSegments`` is history, and lowering ``maxSegments``
         below it is a legitimate change of policy."""
+        policy = resolution.policy
         outside = _initial_segments_outside(
             self.initial_segments, policy.min_segments, policy.max_segments
         )
         if outside is None:
             return None
         knob, bound, relation = outside
-        topic = self.auto_scale.knobs() if self.auto_scale is not None else None
-        source = {
-            "topic": "spec.autoScale",
-            "namespace": f"the namespace's {ANNOTATION_AUTOSCALE_POLICY} annotation",
-            "default": "the operator's default",
-        }[knob_source(_SNAKE[knob], topic, namespace)]
+        source = level_text(resolution.sources[_SNAKE[knob]])
         return (
             f"spec.initialSegments ({self.initial_segments}) is {relation} {knob} ({bound}) of "
             f"the effective auto-scale policy (from {source}): no segment is created until "
