@@ -160,6 +160,9 @@ RUN: dict[tuple[str, str], How | tuple[How, ...]] = {
         mentions=(f"{TOPIC}-0",)
     ),
     ("docs/operations.md", "kubectl stopic dag orders --watch"): Interrupt(DAG_SHOWN),
+    ("docs/operations.md", "kubectl stopic move orders 1 --to segment-broker-2"): Exits(),
+    ("docs/operations.md", "kubectl stopic drain segment-broker-1"): Exits(),
+    ("docs/operations.md", "kubectl stopic uncordon segment-broker-1"): Exits(),
     ("docs/security.md", "kubectl create serviceaccount orders-writer"): Exits(),
     (
         "docs/security.md",
