@@ -139,8 +139,23 @@ class OperationExecutor:
     # -- entry points --------------------------------------------------------------------------
 
     async def start(self, topic: Body, operation: Operation) -> Body:
-        """Record the intent (step 1) and run the operation to its end."""
+        """Record the intent (step 1) and run the operation to its end.
+
+        :class:`OperationRejected` while a parent is moving to another broker: a seal and a
+        copy of the same log must not interleave, so the operation waits for the move (which
+        in turn refuses to start while an operation is in flight)."""
         meta = topic["metadata"]
+        segments = self.cache.segments.get((meta["namespace"], meta["name"]), {})
+        moving = [
+            sid
+            for sid in operation.parents
+            if ((segments.get(sid) or {}).get("status") or {}).get("transfer")
+        ]
+        if moving:
+            raise OperationRejected(
+                f"segment(s) {moving} are moving to another broker; the {operation.kind} can "
+                "start once the move has ended"
+            )
 
         def record(status: dict[str, Any], obj: Body) -> None:
             in_flight = status.get("operation")
