@@ -79,7 +79,9 @@ async def test_a_split_of_a_moving_segment_is_rejected_before_anything_is_writte
 async def test_a_merge_waits_for_either_parent_to_stop_moving() -> None:
     executor, layout = executor_with({1})
     with pytest.raises(OperationRejected, match=r"segment\(s\) \[1\] are moving.*merge"):
-        await executor.start(TOPIC, plan_merge("merge-1", layout, [0, 1], parent_buckets=[1, 1]))
+        await executor.start(
+            TOPIC, plan_merge("merge-1", layout, [0, 1], parent_buckets={0: 1, 1: 1})
+        )
 
 
 async def test_a_move_of_another_segment_does_not_hold_an_operation_back() -> None:
