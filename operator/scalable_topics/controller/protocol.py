@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -46,12 +44,12 @@ from ..core.resources import (
 from . import metrics
 from .brokers import BrokerAdmin, Successor, broker_unavailable, choose_broker
 from .cache import ANNOTATION_BROKER, TopicCache, layout_of, recorded_broker
+from .faults import crash_after, fault_point
 from .kube import Body, KubeApi
 from .status import put_layout, update_topic_status
 
 log = logging.getLogger(__name__)
 
-FAULT_ENV = "SCALABLE_TOPICS_FAULT"
 FAULT_POINTS = ("intent-recorded", "children-created", "parents-sealed", "layout-committed")
 
 EventSink = Callable[[Body, str, str, str], Awaitable[None]]
@@ -103,15 +101,6 @@ def broker_retention(topic: Body) -> dict[str, int] | None:
     return body or None
 
 
-def _fault_point() -> str | None:
-    value = os.environ.get(FAULT_ENV, "")
-    if value.startswith("crash-after:"):
-        point = value.split(":", 1)[1]
-        if point in FAULT_POINTS:
-            return point
-    return None
-
-
 class OperationExecutor:
     def __init__(
         self,
@@ -129,12 +118,10 @@ class OperationExecutor:
         self.events = events
         self.on_layout = on_layout
         self.clock = clock
-        self.fault = _fault_point()
+        self.fault = fault_point(FAULT_POINTS)
 
     def _crash_point(self, point: str) -> None:
-        if self.fault == point:
-            log.critical("fault injection: SIGKILL after %s", point)
-            os.kill(os.getpid(), signal.SIGKILL)
+        crash_after(self.fault, point)
 
     # -- entry points --------------------------------------------------------------------------
 

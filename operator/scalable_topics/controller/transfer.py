@@ -16,8 +16,6 @@ process right after ``transfer-recorded``, ``transfer-fenced``, ``transfer-assig
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -42,8 +40,8 @@ from ..core.transfer import (
 from ..transferadmin import TransferAdmin, copy
 from .brokers import BrokerAdmin, BrokerPod, choose_broker
 from .cache import TopicCache, recorded_broker
+from .faults import crash_after, fault_point
 from .kube import Body, Conflict, KubeApi
-from .protocol import FAULT_ENV
 from .status import update_topic_status
 
 log = logging.getLogger(__name__)
@@ -79,15 +77,6 @@ class MoveRejected(Exception):
     """A move request that cannot start; the message says why."""
 
 
-def _fault_point() -> str | None:
-    value = os.environ.get(FAULT_ENV, "")
-    if value.startswith("crash-after:"):
-        point = value.split(":", 1)[1]
-        if point in TRANSFER_FAULT_POINTS:
-            return point
-    return None
-
-
 class TransferExecutor:
     def __init__(
         self,
@@ -105,7 +94,7 @@ class TransferExecutor:
         self.events = events
         self.requeue = requeue
         self.clock = clock
-        self.fault = _fault_point()
+        self.fault = fault_point(TRANSFER_FAULT_POINTS)
         self._fenced_at: dict[str, float] = {}
         self._announced: set[str] = set()
         self.shed_policy = ShedPolicy()
@@ -113,9 +102,7 @@ class TransferExecutor:
         """Draining pods whose ``Drained`` event was posted (again after an uncordon)."""
 
     def _crash_point(self, point: str) -> None:
-        if self.fault == point:
-            log.critical("fault injection: SIGKILL after %s", point)
-            os.kill(os.getpid(), signal.SIGKILL)
+        crash_after(self.fault, point)
 
     # -- entry points --------------------------------------------------------------------------
 
