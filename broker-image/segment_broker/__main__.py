@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import signal
+import ssl
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -92,6 +93,14 @@ async def _access(config: BrokerConfig, metrics: BrokerMetrics) -> BrokerAccess 
     return BrokerAccess(auth, admins, metrics)
 
 
+def _tls(config: BrokerConfig) -> ssl.SSLContext | None:
+    if not (config.tls_cert_file and config.tls_key_file):
+        return None
+    from scalable_topics.credentials import server_ssl_context
+
+    return server_ssl_context(config.tls_cert_file, config.tls_key_file)
+
+
 def _history(location: str | None) -> HistorySink | None:
     """A directory, or ``s3://bucket/prefix`` (segment_broker.s3history)."""
     if not location:
@@ -102,6 +111,7 @@ def _history(location: str | None) -> HistorySink | None:
 
 
 async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
+    tls = _tls(config)
     metrics = BrokerMetrics()
     history = _history(config.load_history_dir)
     reporter, corruption_reporter, close_reporter = await _reporter(config)
@@ -121,9 +131,15 @@ async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
         access.protect(app)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True, ssl_context=tls)
     await site.start()
-    log.info("listening on %s:%d (fsync=%s)", config.host, config.port, config.fsync)
+    log.info(
+        "listening on %s:%d (%s, fsync=%s)",
+        config.host,
+        config.port,
+        "https" if config.tls_cert_file else "http",
+        config.fsync,
+    )
     await broker.start()
     log.info("ready: %d segments", len(broker.store.segments))
     load_task = asyncio.get_running_loop().create_task(tracker.run(stop))

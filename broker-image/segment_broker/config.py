@@ -31,6 +31,8 @@ class BrokerConfig:
     auth_audience: str = "scalabletopics.io"
     admin_identities: str = ""
     auth_ttl_s: float = 10.0
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
     load_history_dir: str | None = None
     load_interval_s: float = 10.0
     load_reporter: str = "none"
@@ -64,6 +66,8 @@ class BrokerConfig:
                 "--admin-token-file and --auth kubernetes both read the Authorization header "
                 "of admin requests: use one (docs/security.md)"
             )
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("--tls-cert-file and --tls-key-file go together: set both or neither")
         if self.load_reporter not in ("none", "kubernetes"):
             raise ValueError("load_reporter must be 'none' or 'kubernetes'")
         if not 0 <= self.port <= 65535:
@@ -98,6 +102,10 @@ _HELP = {
     "admin_identities": "comma-separated usernames allowed on /admin (e.g. "
     "system:serviceaccount:scalable-topics:scalable-topics-operator)",
     "auth_ttl_s": "seconds a token review or access decision is cached",
+    "tls_cert_file": "PEM certificate (chain) of the listener: with --tls-key-file the broker "
+    "serves HTTPS/WSS only, read at start (a renewed certificate needs a restart; "
+    "docs/security.md); unset (default): plain HTTP",
+    "tls_key_file": "PEM private key of --tls-cert-file",
     "load_history_dir": "where the load history (JSON lines) is written: a directory or "
     "s3://bucket/prefix (credentials from the AWS variables); none when unset",
     "load_interval_s": "load sampling interval",

@@ -17,6 +17,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from scalable_topics.credentials import tls_connector
+
 from .config import BrokerConfig
 from .load import LoadTracker
 from .metrics import BrokerMetrics
@@ -80,11 +82,20 @@ class BrokerProcess:
     """``python -m segment_broker`` as a child process."""
 
     def __init__(
-        self, data_dir: Path, *, port: int | None = None, args: Sequence[str] = ()
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        args: Sequence[str] = (),
+        ca_file: str | None = None,
     ) -> None:
+        """With ``--tls-cert-file`` in ``args`` the broker serves HTTPS: :attr:`url` is
+        ``https://`` and :meth:`wait_ready` verifies it against ``ca_file``."""
         self.data_dir = data_dir
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        scheme = "https" if "--tls-cert-file" in args else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self.ca_file = ca_file
         self.args = list(args)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"broker-{self.port}.log"
@@ -97,7 +108,8 @@ class BrokerProcess:
 
     async def wait_ready(self, within: float = 30.0) -> None:
         deadline = time.monotonic() + within
-        async with aiohttp.ClientSession() as session:
+        connector = tls_connector(self.ca_file) if self.ca_file else None
+        async with aiohttp.ClientSession(connector=connector) as session:
             while time.monotonic() < deadline:
                 if self.proc is not None and self.proc.poll() is not None:
                     raise RuntimeError(f"broker exited with {self.proc.returncode}: {self.logs()}")

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from .credentials import tls_connector
+
 ADMIN_PREFIX = "/admin/v1/segments"
 
 
@@ -57,10 +59,13 @@ class SegmentAdmin:
         token: str | None = None,
         session: aiohttp.ClientSession | None = None,
         timeout: float = 30.0,
+        ca_file: str | None = None,
     ) -> None:
+        """``ca_file`` (else ``$SCALABLE_TOPICS_CA_FILE``) verifies an ``https`` broker when
+        no ``session`` is passed."""
         self.url = http_base(url)
         self._owned = session is None
-        self._session = session or aiohttp.ClientSession()
+        self._session = session or aiohttp.ClientSession(connector=tls_connector(ca_file))
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
 

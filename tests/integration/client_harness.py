@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,10 +63,15 @@ class OperatorReplica:
 
 
 async def start_operator(
-    *, dags: MemoryDagSource | None = None, leader: str | None = None, port: int = 0
+    *,
+    dags: MemoryDagSource | None = None,
+    leader: str | None = None,
+    port: int = 0,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> OperatorReplica:
+    """With ``ssl_context`` the session server serves HTTPS/WSS and advertises ``https://``."""
     port = port or free_port()
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if ssl_context is not None else 'http'}://127.0.0.1:{port}"
     dags = dags or MemoryDagSource()
     routing = SwitchRouting(url, leader or url)
     persisted: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -77,32 +83,38 @@ async def start_operator(
     app = make_app(dags, routing, hub, health=lambda: True, ready=lambda: True, heartbeat=5.0)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port, reuse_address=True).start()
+    await web.TCPSite(
+        runner, "127.0.0.1", port, reuse_address=True, ssl_context=ssl_context
+    ).start()
     return OperatorReplica(url, dags, routing, hub, runner, persisted)
 
 
-def _ready(url: str) -> bool:
+def _ready(url: str, context: ssl.SSLContext | None = None) -> bool:
     try:
-        with urllib.request.urlopen(url + "/readyz", timeout=1) as resp:
+        with urllib.request.urlopen(url + "/readyz", timeout=1, context=context) as resp:
             return bool(resp.status == 200)
     except OSError:
         return False
 
 
 @contextlib.contextmanager
-def broker_processes(base: Path, count: int = 2) -> Iterator[list[BrokerProcess]]:
-    """``count`` real broker processes, ready, stopped on exit."""
+def broker_processes(
+    base: Path, count: int = 2, *, args: Sequence[str] = (), ca_file: str | None = None
+) -> Iterator[list[BrokerProcess]]:
+    """``count`` real broker processes, ready, stopped on exit (``args`` for each; with TLS
+    on, ``ca_file`` verifies their readiness probe)."""
+    context = ssl.create_default_context(cafile=ca_file) if ca_file else None
     procs = []
     try:
         for i in range(count):
             data = base / f"broker-{i}"
             data.mkdir(parents=True, exist_ok=True)
-            proc = BrokerProcess(data)
+            proc = BrokerProcess(data, args=args, ca_file=ca_file)
             proc.start()
             procs.append(proc)
         deadline = time.monotonic() + 60
         for proc in procs:
-            while not _ready(proc.url):
+            while not _ready(proc.url, context):
                 if proc.proc is not None and proc.proc.poll() is not None:
                     raise RuntimeError(f"broker exited: {proc.logs()}")
                 if time.monotonic() > deadline:
@@ -135,6 +147,7 @@ class TopicEnv:
         subscriptions: Mapping[str, str],
         bucket_budget: int = 4,
         grace_period: float = 30.0,
+        ca_file: str | None = None,
     ) -> None:
         self.operator = operator
         self.broker_urls = broker_urls
@@ -146,7 +159,7 @@ class TopicEnv:
         self.layout = SegmentLayout.initial(1)
         self.buckets: dict[int, int] = {}
         self.placement: dict[int, str] = {}
-        self.admins = {url: SegmentAdmin(url) for url in broker_urls}
+        self.admins = {url: SegmentAdmin(url, ca_file=ca_file) for url in broker_urls}
         self.operators = [operator]
         self.controller_url: str | None = operator.url
         """The ``controllerUrl`` the DAG announces (tests may make it stale)."""

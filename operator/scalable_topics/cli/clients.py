@@ -39,7 +39,7 @@ from ..client import (
     StreamConsumer,
     TopicNotFoundError,
 )
-from ..credentials import TOKEN_FILE_ENV, CredentialsError, client_session
+from ..credentials import CA_FILE_ENV, TOKEN_FILE_ENV, CredentialsError, client_session
 from . import args as cli_args
 from .discovery import DEFAULT_OPERATOR_NAMESPACE, Target, find_operator
 from .errors import CliError, NotFoundError, UnreachableError, UsageError, stdout_gone
@@ -65,7 +65,7 @@ async def _connected(
 ) -> AsyncIterator[tuple[aiohttp.ClientSession, Target]]:
     """The command's HTTP session and the operator found for ``args.topic``."""
     try:
-        session = client_session(args.token_file)
+        session = client_session(args.token_file, ca_file=args.ca_file)
     except CredentialsError as exc:
         raise UsageError(str(exc)) from None
     async with session:
@@ -500,6 +500,12 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         help="ServiceAccount token (audience scalabletopics.io) to present, re-read when it "
         f"changes (default: ${TOKEN_FILE_ENV}, else the projected token at "
         "/var/run/secrets/scalabletopics.io/serviceaccount/token when present; docs/security.md)",
+    )
+    service.add_argument(
+        "--ca-file",
+        metavar="PATH",
+        help="CA bundle verifying https/wss operator and brokers (default: "
+        f"${CA_FILE_ENV}, else the system's CAs; docs/security.md)",
     )
 
     produce = sub.add_parser(

@@ -15,7 +15,7 @@ from .consumers import (
 from .dag import DagWatcher, TopicNotFoundError
 from .model import Checkpoint, Message, MessageId
 from .producer import ProducerClosedError, ScalableTopicProducer
-from .segment import AccessDeniedError, SegmentCorruptedError
+from .segment import AccessDeniedError, SegmentCorruptedError, TLSVerificationError
 from .sync import SyncConsumer, SyncProducer
 
 __all__ = [
@@ -34,5 +34,6 @@ __all__ = [
     "StreamConsumer",
     "SyncConsumer",
     "SyncProducer",
+    "TLSVerificationError",
     "TopicNotFoundError",
 ]

@@ -140,6 +140,9 @@ class ConsumerOptions(TypedDict, total=False):
     """An HTTP session to use (default: one of the consumer's own)."""
     heartbeat: float
     """Seconds between pings on the controller session (default 20)."""
+    ca_file: str | None
+    """CA bundle verifying ``https``/``wss`` servers for the consumer's own session (default
+    ``$SCALABLE_TOPICS_CA_FILE``, else the system's CAs; docs/security.md)."""
 
 
 def entry_messages(segment_id: int, item: ReceivedEntry) -> list[Message]:
@@ -262,6 +265,7 @@ class _ConsumerBase:
         self.name = name
         self.permits = options.get("permits", 1000)
         self._session = options.get("session")
+        self._ca_file = options.get("ca_file")
         self._own_session = self._session is None
         self._heartbeat = options.get("heartbeat", 20.0)
         self._watcher: DagWatcher | None = None
@@ -316,7 +320,7 @@ class _ConsumerBase:
 
     async def _start_watcher(self) -> DagWatcher:
         if self._session is None:
-            self._session = client_session()
+            self._session = client_session(ca_file=self._ca_file)
         self._watcher = DagWatcher(
             self.service_url, self.namespace, self.topic, session=self._session
         )

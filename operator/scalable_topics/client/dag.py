@@ -33,7 +33,7 @@ from scalable_topics.core.sessions import (
 )
 from scalable_topics.credentials import client_session
 
-from .segment import WS_TIMEOUT, AccessDeniedError
+from .segment import WS_TIMEOUT, AccessDeniedError, ws_connect
 
 __all__ = ["TOPIC_GONE_AFTER", "Backoff", "DagWatcher", "TopicNotFoundError", "http_url", "ws_url"]
 
@@ -134,8 +134,10 @@ class DagWatcher:
         session: aiohttp.ClientSession | None = None,
         heartbeat: float = 20.0,
         gone_after: float = TOPIC_GONE_AFTER,
+        ca_file: str | None = None,
     ) -> None:
         self.service_url = http_url(service_url)
+        self._ca_file = ca_file
         self.namespace = namespace
         self.topic = topic
         self._own_session = session is None
@@ -190,7 +192,7 @@ class DagWatcher:
     async def start(self, within: float = 30.0) -> DagMessage:
         if self._task is None:
             if self._session is None:
-                self._session = client_session()
+                self._session = client_session(ca_file=self._ca_file)
             self._task = asyncio.create_task(self._run(), name=f"dag-watch-{self.topic}")
         async with asyncio.timeout(within):
             await self._first.wait()
@@ -243,8 +245,12 @@ class DagWatcher:
         while not self._closed:
             served = False
             try:
-                async with self._session.ws_connect(
-                    url, heartbeat=self._heartbeat, max_msg_size=64 << 20, timeout=WS_TIMEOUT
+                async with await ws_connect(
+                    self._session,
+                    url,
+                    heartbeat=self._heartbeat,
+                    max_msg_size=64 << 20,
+                    timeout=WS_TIMEOUT,
                 ) as ws:
                     self.connected = True
                     self.sessions_opened += 1

@@ -165,6 +165,7 @@ class ScalableTopicProducer:
         max_pending: int = 10_000,
         max_inflight_bytes: int | None = None,
         session: aiohttp.ClientSession | None = None,
+        ca_file: str | None = None,
     ) -> None:
         if batch_max_messages < 1 or batch_max_bytes < 1 or max_pending < 1 or linger_ms < 0:
             raise ValueError("batch limits and max_pending must be positive, linger_ms >= 0")
@@ -180,6 +181,7 @@ class ScalableTopicProducer:
         self.max_inflight_bytes = max_inflight_bytes
         self._own_session = session is None
         self._session = session
+        self._ca_file = ca_file
         self._watcher = DagWatcher(service_url, namespace, topic, session=session)
         self._table = RoutingTable()
         self._links: dict[int, _Link] = {}
@@ -211,7 +213,7 @@ class ScalableTopicProducer:
         if self._started:
             return self
         if self._session is None:
-            self._session = client_session()
+            self._session = client_session(ca_file=self._ca_file)
             self._watcher = DagWatcher(
                 self._watcher.service_url, self.namespace, self.topic, session=self._session
             )

@@ -32,7 +32,11 @@ from scalable_topics.brokeradmin import AdminError, SegmentAdmin
 from scalable_topics.core import auth, transfer, wire
 from scalable_topics.core.hashing import bucket_hash
 from scalable_topics.core.wire import EntryHeader, Message
-from scalable_topics.credentials import client_session
+from scalable_topics.credentials import (
+    TLS_VERIFICATION_FAILED,
+    client_session,
+    tls_failure_message,
+)
 
 __all__ = [
     "CLOSE_TIMEOUT",
@@ -54,6 +58,7 @@ __all__ = [
     "SegmentProducer",
     "SegmentSealedError",
     "Successor",
+    "TLSVerificationError",
     "UnackedEntry",
     "close_websocket",
 ]
@@ -162,6 +167,24 @@ class AccessDeniedError(SegmentError):
     invalid, expired or for another audience) or ``Forbidden`` (RBAC does not grant the verb;
     the message names it). Retrying does not help until the token or the RoleBindings change
     (docs/security.md)."""
+
+
+class TLSVerificationError(AccessDeniedError):
+    """A server's certificate did not verify against the CA bundle (code
+    ``TLSVerificationFailed``): the wrong bundle, none, or a certificate for another host. Handled
+    as a refusal, never retried: a reconnect meets the same certificate (docs/security.md)."""
+
+
+async def ws_connect(
+    session: aiohttp.ClientSession, url: str, **options: Any
+) -> aiohttp.ClientWebSocketResponse:
+    """``session.ws_connect`` raising :class:`TLSVerificationError` for a certificate that does
+    not verify, which aiohttp reports as one more connection error."""
+    try:
+        ws: aiohttp.ClientWebSocketResponse = await session.ws_connect(url, **options)
+    except aiohttp.ClientConnectorCertificateError as exc:
+        raise TLSVerificationError(TLS_VERIFICATION_FAILED, tls_failure_message(url, exc)) from exc
+    return ws
 
 
 class EntryRejectedError(SegmentError):
@@ -338,7 +361,8 @@ class SegmentProducer:
     ) -> SegmentProducer:
         sess = _Session(session)
         try:
-            ws = await sess.session.ws_connect(
+            ws = await ws_connect(
+                sess.session,
                 f"{_ws_base(url)}/ws/v1/produce/{namespace}/{topic}/{segment_id}",
                 max_msg_size=64 << 20,
                 compress=0,
@@ -740,7 +764,8 @@ class SegmentConsumer:
     ) -> SegmentConsumer:
         sess = _Session(session)
         try:
-            ws = await sess.session.ws_connect(
+            ws = await ws_connect(
+                sess.session,
                 f"{_ws_base(url)}/ws/v1/consume/{namespace}/{topic}/{segment_id}/{subscription}",
                 max_msg_size=128 << 20,
                 compress=0,

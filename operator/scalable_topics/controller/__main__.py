@@ -23,7 +23,10 @@ def parse_args(argv: list[str] | None = None) -> ControllerSettings:
     parser.add_argument("--host", default=os.environ.get("POD_IP", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument(
-        "--url", default="", help="URL advertised to clients (default http://HOST:PORT)"
+        "--url",
+        default="",
+        help="URL advertised to clients (default http://HOST:PORT, https:// with TLS); "
+        "{pod_dns} in it stands for the pod's DNS name a-b-c-d.NAMESPACE.pod",
     )
     parser.add_argument(
         "--namespace",
@@ -56,6 +59,23 @@ def parse_args(argv: list[str] | None = None) -> ControllerSettings:
     )
     parser.add_argument(
         "--auth-ttl", type=float, default=10.0, help="seconds a token or RBAC decision is cached"
+    )
+    parser.add_argument(
+        "--tls-cert-file",
+        default=os.environ.get("SCALABLE_TOPICS_TLS_CERT_FILE") or None,
+        help="PEM certificate of the session server: with --tls-key-file it serves HTTPS/WSS "
+        "only and advertises https:// (read at start; docs/security.md)",
+    )
+    parser.add_argument(
+        "--tls-key-file",
+        default=os.environ.get("SCALABLE_TOPICS_TLS_KEY_FILE") or None,
+        help="PEM private key of --tls-cert-file",
+    )
+    parser.add_argument(
+        "--tls-ca-file",
+        default=os.environ.get("SCALABLE_TOPICS_TLS_CA_FILE") or None,
+        help="CA bundle of the brokers' certificates: set, the brokers are called and "
+        "advertised in the DAG as https:// (they must run with --tls-cert-file); unset, http://",
     )
     parser.add_argument("--lease-duration", type=float, default=15.0)
     parser.add_argument("--renew-deadline", type=float, default=10.0)
@@ -106,6 +126,8 @@ def parse_args(argv: list[str] | None = None) -> ControllerSettings:
         )
     except ValueError as exc:
         parser.error(str(exc))
+    if bool(args.tls_cert_file) != bool(args.tls_key_file):
+        parser.error("--tls-cert-file and --tls-key-file go together: set both or neither")
     configure(args.log_level, args.log_format)
     return ControllerSettings(
         host=args.host,
@@ -120,6 +142,9 @@ def parse_args(argv: list[str] | None = None) -> ControllerSettings:
         broker_token_file=args.broker_token_file,
         auth=args.auth,
         auth_ttl=args.auth_ttl,
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file,
+        tls_ca_file=args.tls_ca_file,
         timings=ElectionTimings(args.lease_duration, args.renew_deadline, args.retry_period),
         resync_interval=args.resync_interval,
         recommendation_freshness=args.recommendation_freshness,

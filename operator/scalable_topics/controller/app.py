@@ -33,6 +33,7 @@ from ..core.resources import (
     parse_topic_spec,
 )
 from ..core.transfer import ShedPolicy
+from ..credentials import server_ssl_context
 from ..kubeauth import KubernetesAuth
 from . import metrics
 from .access import SessionAccess
@@ -74,6 +75,13 @@ class ControllerSettings:
     auth: str = "none"
     """'kubernetes': DAG watch and consumer sessions need a token and RBAC (controller.access)."""
     auth_ttl: float = 10.0
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    """The session server's certificate and key: with both it serves HTTPS/WSS only and
+    advertises ``https://`` (read at start; a renewed certificate needs a restart)."""
+    tls_ca_file: str | None = None
+    """CA bundle of the brokers' certificates: set, the brokers are called and advertised as
+    ``https://`` (verified against it); unset, ``http://``."""
     kubeconfig: str | None = None
     timings: ElectionTimings = field(default_factory=ElectionTimings)
     workers: int = 8
@@ -84,8 +92,23 @@ class ControllerSettings:
     liveness_stall: float = DEFAULT_STALL
     shedding: ShedPolicy = field(default_factory=ShedPolicy)
 
+    def __post_init__(self) -> None:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("--tls-cert-file and --tls-key-file go together: set both or neither")
+
+    @property
+    def broker_scheme(self) -> str:
+        return "https" if self.tls_ca_file else "http"
+
     def advertised_url(self) -> str:
-        return self.url or f"http://{self.host}:{self.port}"
+        """``--url``, else ``http(s)://HOST:PORT``. ``{pod_dns}`` in ``--url`` stands for the
+        pod's DNS name ``a-b-c-d.<namespace>.pod`` (HOST's IP with dashes): each replica gets
+        a name a TLS certificate can cover with one wildcard, which a pod IP cannot."""
+        scheme = "https" if self.tls_cert_file else "http"
+        if not self.url:
+            return f"{scheme}://{self.host}:{self.port}"
+        pod_dns = f"{self.host.replace('.', '-').replace(':', '-')}.{self.namespace}.pod"
+        return self.url.replace("{pod_dns}", pod_dns)
 
 
 class Controller:
@@ -122,11 +145,15 @@ class Controller:
             on_lost=self._lost,
         )
         self.cache = TopicCache(
-            controller_url=self.leadership.leader_url, broker_port=s.broker_port
+            controller_url=self.leadership.leader_url,
+            broker_port=s.broker_port,
+            broker_scheme=s.broker_scheme,
         )
         self.cache.on_broker_change = self._brokers_changed
         metrics.OPERATIONS_IN_PROGRESS.source = self._operations_in_progress
-        self.brokers = BrokerAdmin(token=s.broker_token, token_file=s.broker_token_file)
+        self.brokers = BrokerAdmin(
+            token=s.broker_token, token_file=s.broker_token_file, ca_file=s.tls_ca_file
+        )
         self.access: SessionAccess | None = None
         if s.auth == "kubernetes":
             self.access = SessionAccess(await KubernetesAuth.connect(s.kubeconfig, ttl=s.auth_ttl))
@@ -454,7 +481,12 @@ class Controller:
             log.warning("--auth none: DAG watch and consumer sessions are open to anyone")
         runner = web.AppRunner(web_app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.settings.host, self.settings.port)
+        tls = (
+            server_ssl_context(self.settings.tls_cert_file, self.settings.tls_key_file)
+            if self.settings.tls_cert_file and self.settings.tls_key_file
+            else None
+        )
+        site = web.TCPSite(runner, self.settings.host, self.settings.port, ssl_context=tls)
         await site.start()
         log.info(
             "operator %s serving on %s", self.settings.identity, self.settings.advertised_url()

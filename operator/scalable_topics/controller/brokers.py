@@ -13,7 +13,7 @@ import aiohttp
 
 from ..brokeradmin import AdminError, SegmentAdmin
 from ..core.layout import HashRange
-from ..credentials import TokenFile, client_session
+from ..credentials import TokenFile, client_session, tls_connector
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,15 @@ class BrokerAdmin:
     session and the bearer token."""
 
     def __init__(
-        self, *, token: str | None = None, token_file: str | None = None, timeout: float = 10.0
+        self,
+        *,
+        token: str | None = None,
+        token_file: str | None = None,
+        timeout: float = 10.0,
+        ca_file: str | None = None,
     ) -> None:
         self._token = token
+        self._ca_file = ca_file
         self._token_file = TokenFile(token_file) if token_file else None
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
@@ -84,9 +90,9 @@ class BrokerAdmin:
     def at(self, url: str) -> SegmentAdmin:
         if self._session is None or self._session.closed:
             self._session = (
-                client_session(self._token_file)
+                client_session(self._token_file, ca_file=self._ca_file)
                 if self._token_file is not None
-                else aiohttp.ClientSession()
+                else aiohttp.ClientSession(connector=tls_connector(self._ca_file))
             )
             self._clients.clear()
         client = self._clients.get(url)

@@ -45,20 +45,29 @@ def recorded_broker(segment: Mapping[str, Any]) -> str | None:
     return str(pod) if pod else None
 
 
-def pod_broker(pod: Mapping[str, Any], port: int = 8080) -> BrokerPod | None:
-    """A broker pod's URL and readiness from its (dict) body."""
+def pod_broker(pod: Mapping[str, Any], port: int = 8080, scheme: str = "http") -> BrokerPod | None:
+    """A broker pod's URL and readiness from its (dict) body.
+
+    ``https`` (brokers serving TLS) names a StatefulSet pod by its stable DNS name
+    ``<hostname>.<subdomain>.<namespace>.svc``, which a certificate can list ahead of time
+    (a wildcard for the headless Service), unlike a pod IP; a pod without ``spec.subdomain``
+    keeps its IP (docs/security.md)."""
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
+    spec = pod.get("spec") or {}
     ip = status.get("podIP")
     if not ip:
         return None
+    host = str(ip)
+    if scheme == "https" and spec.get("hostname") and spec.get("subdomain"):
+        host = f"{spec['hostname']}.{spec['subdomain']}.{meta.get('namespace')}.svc"
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
     return BrokerPod(
         name=str(meta.get("name")),
-        url=f"http://{ip}:{port}",
+        url=f"{scheme}://{host}:{port}",
         ready=ready,
         # A terminating pod is drained like an annotated one: it may hand its segments off
         # before it stops (the broker's --handoff-wait-s), so it stays a move's source.
@@ -76,10 +85,15 @@ DELETED_KEPT = 4096
 
 class TopicCache:
     def __init__(
-        self, *, controller_url: Callable[[str, str], str], broker_port: int = 8080
+        self,
+        *,
+        controller_url: Callable[[str, str], str],
+        broker_port: int = 8080,
+        broker_scheme: str = "http",
     ) -> None:
         self._controller_url = controller_url
         self.broker_port = broker_port
+        self.broker_scheme = broker_scheme
         self.topics: dict[Key, Body] = {}
         self.segments: dict[Key, dict[int, Body]] = defaultdict(dict)
         self.brokers: dict[str, BrokerPod] = {}
@@ -154,7 +168,7 @@ class TopicCache:
         self._maybe_notify(key)
 
     def put_pod(self, body: Body) -> None:
-        broker = pod_broker(body, self.broker_port)
+        broker = pod_broker(body, self.broker_port, self.broker_scheme)
         name = str(body["metadata"]["name"])
         before = self.brokers.get(name)
         if broker is None:
