@@ -73,7 +73,7 @@ def _await_api(cluster: DeployedCluster, up: subprocess.Popen[bytes], log: Path)
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def deployed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeployedCluster]:
     kubeconfig = os.environ.get(KUBECONFIG_ENV)
     if kubeconfig:
