@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +163,39 @@ async def test_an_unverified_broker_fails_the_messages(
             monkeypatch.setenv("SCALABLE_TOPICS_CA_FILE", pki.ca)
             async with ScalableTopicProducer(operator.url, NS, "audit") as producer:
                 await producer.send(b"y", key="k")
+        finally:
+            await env.close()
+            await operator.stop()
+
+
+async def _stopic(*args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "scalable_topics.cli.main", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(60):
+        _, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
+
+
+async def test_stopic_verifies_with_ca_file(pki: Pki, tmp_path: Path) -> None:
+    """``stopic --ca-file``: the right CA produces over TLS; another CA exits with one line
+    naming TLS verification."""
+    with broker_processes(tmp_path, 1, args=_broker_tls(pki), ca_file=pki.ca) as procs:
+        operator = await start_operator(ssl_context=server_ssl_context(pki.cert, pki.key))
+        env = TopicEnv(
+            operator, [p.url for p in procs], NS, "cli", subscriptions=SUBS, ca_file=pki.ca
+        )
+        try:
+            await env.create(1)
+            common = ["-n", NS, "--service-url", operator.url, "--count", "3"]
+            code, err = await _stopic("produce", "cli", *common, "--ca-file", pki.other_ca)
+            assert code != 0
+            assert "TLS verification of https://127.0.0.1" in err, err
+            code, err = await _stopic("produce", "cli", *common, "--ca-file", pki.ca)
+            assert code == 0, err
+            assert (await env.stats(0))["lastPosition"] >= 0
         finally:
             await env.close()
             await operator.stop()

@@ -22,6 +22,7 @@ import aiohttp
 from kubernetes_asyncio import client as k8s
 
 from ..core.sessions import dag_path
+from ..credentials import tls_failure_message
 from .errors import CliError, NotFoundError, UnreachableError
 from .kube import call, connect_problem, kube_api, read_topic
 
@@ -81,6 +82,8 @@ async def probe(session: aiohttp.ClientSession, url: str, namespace: str, topic:
         return f"no answer in {PROBE_TIMEOUT:g}s"
     except aiohttp.InvalidURL:
         return "not a URL"
+    except aiohttp.ClientConnectorCertificateError as exc:
+        return tls_failure_message(url, exc)
     except aiohttp.ClientConnectorError as exc:
         return f"cannot connect ({connect_problem(exc.os_error)})"
     except aiohttp.ClientError as exc:

@@ -63,7 +63,9 @@ from .segment import (
     SegmentError,
     SegmentMovedError,
     SegmentNotFoundError,
+    TLSVerificationError,
     close_websocket,
+    ws_connect,
 )
 
 __all__ = [
@@ -423,8 +425,12 @@ class _ConsumerBase:
             redirect = None
             retry_after: float | None = None
             try:
-                async with self._session.ws_connect(
-                    target, heartbeat=self._heartbeat, max_msg_size=64 << 20, timeout=WS_TIMEOUT
+                async with await ws_connect(
+                    self._session,
+                    target,
+                    heartbeat=self._heartbeat,
+                    max_msg_size=64 << 20,
+                    timeout=WS_TIMEOUT,
                 ) as ws:
                     self._ws = ws
                     self.controller_sessions += 1
@@ -458,6 +464,9 @@ class _ConsumerBase:
                 elif exc.status == 503 and exc.headers:
                     retry_after = float(exc.headers.get("Retry-After", "1"))
                 log.info("controller session to %s refused: %s", target, exc.status)
+            except TLSVerificationError as exc:
+                # A redirect to a replica whose certificate the bundle does not verify.
+                self._fail(ConsumerError(exc.code, str(exc)))
             except (
                 aiohttp.ClientError,
                 OSError,
