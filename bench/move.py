@@ -46,7 +46,7 @@ class Mode:
 
 
 QUICK = Mode(rate=1000.0, keys=16, moves=4, settle=0.5, log_sizes_mb=(10,))
-FULL = Mode(rate=2000.0, keys=32, moves=6, settle=0.8, log_sizes_mb=(10, 100))
+FULL = Mode(rate=2000.0, keys=32, moves=6, settle=0.8, log_sizes_mb=(10, 100, 1024))
 
 
 @dataclass
