@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DATA_DIR ?= .local/run
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint typecheck unit bench crds monitoring images deploy clean kube-binaries
+.PHONY: install run test test-deps lint typecheck unit bench crds monitoring images deploy clean kube-binaries
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,8 +29,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# What the tests run from outside, built or fetched once per machine before pytest (a first
+# build outlasts a test's timeout): Kubernetes binaries, MinIO, hadoop-aws and Kafka jars,
+# promtool. Each reports what it could not get; its tests then say why they skip or fail.
+test-deps: $(STAMP)
+	$(BIN)/python -m tests.prefetch
+
 # pytest exits 5 when it collected nothing; that is not a failure of the suite.
-test: lint typecheck
+test: lint typecheck test-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 
 unit: $(STAMP)
