@@ -12,6 +12,7 @@ against the same cases.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -284,8 +285,12 @@ async def test_kubectl_get_wide_and_describe_of_a_topic(
     (topic_crd,) = [c for c in crds.crd_manifests() if c["spec"]["names"]["kind"] == r.TOPIC_KIND]
     columns = topic_crd["spec"]["versions"][0]["additionalPrinterColumns"]
     assert wide[0].split() == ["NAME", *(c["name"].upper() for c in columns)]
-    row = dict(zip(wide[0].split(), wide[1].split(), strict=True))
+    # Columns are fixed-width; a field the status lacks prints as an empty cell.
+    starts = [m.start() for m in re.finditer(r"\S+", wide[0])]
+    cells = [wide[1][a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    row = dict(zip(wide[0].split(), cells, strict=True))
     assert (row["NAME"], row["ACTIVE"], row["READY"]) == (name, "3", "True")
+    assert (row["AUTOSCALE"], row["AUTOSCALE-RESULT"]) == ("", "")  # no status.autoScale yet
     assert (row["EPOCH"], row["CONTROLLER"], row["INITIAL"]) == (
         str(status["epoch"]),
         "operator-0",
