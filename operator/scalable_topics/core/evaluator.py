@@ -278,18 +278,22 @@ def _split_pass(
         if known and rate < policy.merge_msg_rate_in_threshold:
             # Segments first only where throughput justifies a physical segment: children of
             # a segment below the merge threshold would be cold and merge back (use case 2).
-            return _rebucket(
+            # When no segment can take more buckets (all at bucket_max), only a split gives
+            # the consumers work, so it is split after all.
+            rebucket = _rebucket(
                 active,
                 demand,
                 policy,
                 buckets,
                 bucket_max,
-                suppressed,
+                [],
                 why=(
                     f"busiest segment {busiest.descriptor} msgRateIn {rate:g}/s is below the "
                     f"merge threshold {policy.merge_msg_rate_in_threshold:g}/s"
                 ),
             )
+            if rebucket is not None:
+                return rebucket
         return Split(
             busiest.segment_id,
             REASON_CONSUMER_COUNT,
