@@ -19,7 +19,13 @@ import pytest
 from scalable_topics.core.layout import HashRange, SegmentLayout
 from scalable_topics.core.policy import DEFAULT_POLICY
 from scalable_topics.localcluster.nodekubelet import NodeKubelet
-from scalable_topics.localcluster.restclient import PODS, PVCS, Resource, client_from_kubeconfig
+from scalable_topics.localcluster.restclient import (
+    PODS,
+    PVCS,
+    Resource,
+    RestClient,
+    client_from_kubeconfig,
+)
 from scalable_topics.recommender.__main__ import parser, run
 from scalable_topics.recommender.history import (
     SegmentTraffic,
@@ -383,6 +389,23 @@ def recommender_overlay(directory: Path, namespace: str) -> Path:
     return directory
 
 
+async def write_history_on_claim(
+    local_cluster: ClusterNamespace, local_node: NodeKubelet, admin: RestClient
+) -> None:
+    """Once the history claim is Bound, two hours of the brokers' load history, ending now, in
+    the claim's directory on the node (what the recommender's Pods read)."""
+    ns = local_cluster.namespace
+
+    async def claim_bound() -> bool:
+        claim = await admin.get(PVCS, ns, HISTORY_CLAIM)
+        return (claim.get("status") or {}).get("phase") == "Bound"
+
+    await eventually(claim_bound, within=60)
+    now = time.time()
+    history = local_node.agent.layout.claim_dir(ns, HISTORY_CLAIM)
+    write_jsonl(history, generate_records(traffic(ns, now), start=now - 7200, end=now))
+
+
 async def test_cronjob_fires_and_its_pod_writes_recommendations(
     local_cluster: ClusterNamespace, local_node: NodeKubelet, tmp_path: Path
 ) -> None:
@@ -396,16 +419,7 @@ async def test_cronjob_fires_and_its_pod_writes_recommendations(
     try:
         await create_topics(local_cluster, store, {"orders": 4})
         await local_cluster.kubectl("apply", "-k", str(overlay))
-
-        async def claim_bound() -> bool:
-            claim = await admin.get(PVCS, ns, HISTORY_CLAIM)
-            return (claim.get("status") or {}).get("phase") == "Bound"
-
-        await eventually(claim_bound, within=60)
-        # The brokers' load history, on the claim's directory on the node, ending now.
-        now = time.time()
-        history = local_node.agent.layout.claim_dir(ns, HISTORY_CLAIM)
-        write_jsonl(history, generate_records(traffic(ns, now), start=now - 7200, end=now))
+        await write_history_on_claim(local_cluster, local_node, admin)
 
         async def job_finished() -> bool:
             jobs, _ = await admin.list(JOBS, ns)

@@ -9,19 +9,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from scalable_topics.localcluster.nodekubelet import NodeKubelet
-from scalable_topics.localcluster.restclient import PODS, PVCS, Resource, client_from_kubeconfig
-from scalable_topics.recommender.history import generate_records, write_jsonl
+from scalable_topics.localcluster.restclient import PODS, Resource, client_from_kubeconfig
 from scalable_topics.recommender.writer import TopicStore
 
 from .conftest import ClusterNamespace, eventually
-from .test_recommender_job import HISTORY_CLAIM, RECOMMENDER, create_topics, traffic
+from .test_recommender_job import RECOMMENDER, create_topics, write_history_on_claim
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -70,15 +68,7 @@ async def test_spark_on_kubernetes_runs_executor_pods_and_writes_recommendations
     try:
         await create_topics(local_cluster, store, {"orders": 4})
         await local_cluster.kubectl("apply", "-k", str(kustomized))
-
-        async def claim_bound() -> bool:
-            claim = await admin.get(PVCS, ns, HISTORY_CLAIM)
-            return (claim.get("status") or {}).get("phase") == "Bound"
-
-        await eventually(claim_bound, within=60)
-        now = time.time()
-        history = local_node.agent.layout.claim_dir(ns, HISTORY_CLAIM)
-        write_jsonl(history, generate_records(traffic(ns, now), start=now - 7200, end=now))
+        await write_history_on_claim(local_cluster, local_node, admin)
 
         await local_cluster.kubectl("create", "job", JOB, f"--from=cronjob/{RECOMMENDER}")
         executors: dict[str, dict[str, Any]] = {}
