@@ -30,23 +30,17 @@ from tests.chaos.workload import ConsumerRunner, OpenLoopWriter, ReadingConsumer
 
 from .operator_harness import (
     JsonObj,
-    OperatorProcess,
     Stack,
     eventually,
     operator_stack,
     topic_body,
 )
+from .test_operator_crash import start
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 TOPIC = "movable"
 SID = 0
-
-
-async def start(stack: Stack, identity: str, fault: str | None = None) -> OperatorProcess:
-    return await stack.start_operator(
-        identity, fault=fault, lease_duration=2.0, renew_deadline=1.5, retry_period=0.5
-    )
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
