@@ -37,11 +37,11 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
-from .assignment import AssignmentStrategy
-from .hashing import RING_MAX
-from .layout import HashRange, SegmentLayout, SegmentState
-from .operation import OperationKind, Phase
-from .policy import (
+from ..assignment import AssignmentStrategy
+from ..hashing import RING_MAX
+from ..layout import HashRange, SegmentLayout, SegmentState
+from ..operation import OperationKind, Phase
+from ..policy import (
     DEFAULT_POLICY,
     NAMESPACE_POLICY_ANNOTATION,
     AutoScalePolicy,
@@ -54,8 +54,8 @@ from .policy import (
     parse_quantity,
     resolve_policy,
 )
-from .retention import RetentionRule
-from .transfer import TransferPhase
+from ..retention import RetentionRule
+from ..transfer import TransferPhase
 
 __all__ = [
     "ANNOTATION_AUTOSCALE_POLICY",
