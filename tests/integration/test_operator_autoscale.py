@@ -375,7 +375,15 @@ async def test_a_namespace_split_threshold_takes_effect_under_load(stack: Stack)
 
     sent = 0
     rates: list[float] = []
-    """Segment 0's reported msgRateIn while the producer runs, before the split."""
+    """Segment 0's reported msgRateIn while the producer runs; the last report stays on the
+    sealed segment, so the rate the split was decided on is read after it too."""
+
+    async def record_rate() -> None:
+        segment = (await stack.segments(name, namespace)).get(0) or {}
+        load = (segment.get("status") or {}).get("load")
+        if load:
+            rates.append(float(load["msgRateIn"]))
+
     async with ScalableTopicProducer(url, namespace, name) as producer:
 
         async def split() -> JsonObj | None:
@@ -386,13 +394,11 @@ async def test_a_namespace_split_threshold_takes_effect_under_load(stack: Stack)
             topic = await stack.topic(name, namespace)
             if epoch(topic) == 1:
                 return topic
-            segment = (await stack.segments(name, namespace)).get(0) or {}
-            load = (segment.get("status") or {}).get("load")
-            if load:
-                rates.append(float(load["msgRateIn"]))
+            await record_rate()
             return None
 
         topic = await eventually(split, 180, f"{namespace}/{name} split under load")
+    await record_rate()
     auto = topic["status"]["autoScale"]
     decision = auto["lastDecision"]
     assert decision["action"] == "split" and decision["segments"] == [0], decision
