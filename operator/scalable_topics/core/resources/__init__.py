@@ -1,21 +1,57 @@
 """The custom resources (DESIGN §4) as pydantic models: ``ScalableTopic``, ``Segment`` and the
 manual-operation request annotation.
 
-The models are the single source of truth for the CRDs in ``crds/`` (see :mod:`..crds`).
-This package re-exports every public name, so ``from scalable_topics.core.resources import X``
-works whichever module of the package defines ``X``.
+The models are the single source of truth for the CRDs in ``crds/`` (see :mod:`..crds`): field
+names, aliases, constraints, defaults, descriptions and the CEL rules attached through
+``json_schema_extra``. Python attributes are snake_case; the resources are camelCase.
+
+What the admission schema can check is declared here and mirrored by pydantic validation, so
+:func:`parse_topic_spec` and friends reject exactly what the API server would reject (plus the
+checks no schema can express, such as a byte rate written as a string being above another).
+
+One module per job, every public name re-exported here (import from the package):
+:mod:`.names` (group, kinds, labels, limits, Segment names), :mod:`.common` (schema patterns,
+duration/quantity/time types, base models, validation errors, the hash-ring ``Range``),
+:mod:`.conditions`, :mod:`.autoscale` (``spec.autoScale`` and ``status.autoScale``),
+:mod:`.requests` (the manual request annotation and its recorded outcomes), :mod:`.segment` and
+:mod:`.topic`.
 """
 
 from __future__ import annotations
 
-from .topic import (
+from ..assignment import AssignmentStrategy
+from ..operation import OperationKind
+from .autoscale import AutoScaleDecision, AutoScaleEvaluation, AutoScaleOverride, AutoScaleStatus
+from .common import (
+    CONDITION_TYPE_PATTERN,
+    DNS_SUBDOMAIN_PATTERN,
+    DURATION_PATTERN,
+    QUANTITY_PATTERN,
+    REASON_PATTERN,
+    SUBSCRIPTION_NAME_PATTERN,
+    Duration,
+    Int,
+    Quantity,
+    Range,
+    ResourceValidationError,
+    Timestamp,
+    format_time,
+    parse_time,
+)
+from .conditions import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    Reason,
+    condition,
+    get_condition,
+    set_condition,
+)
+from .names import (
     ANNOTATION_AUTOSCALE_POLICY,
     ANNOTATION_REQUEST,
     API_VERSION,
     CATEGORY,
-    CONDITION_TYPE_PATTERN,
-    DNS_SUBDOMAIN_PATTERN,
-    DURATION_PATTERN,
     GROUP,
     LABEL_MANAGED_BY,
     LABEL_SEGMENT_ID,
@@ -26,71 +62,63 @@ from .topic import (
     MAX_PARENTS,
     MAX_SUBSCRIPTIONS,
     MAX_TOPIC_NAME,
-    QUANTITY_PATTERN,
-    REASON_PATTERN,
-    REQUEST_HISTORY,
     SEGMENT_KIND,
     SEGMENT_PLURAL,
     SEGMENT_SHORT_NAMES,
     SEGMENT_SINGULAR,
-    SUBSCRIPTION_NAME_PATTERN,
     TOPIC_KIND,
     TOPIC_PLURAL,
-    TOPIC_RULES,
     TOPIC_SHORT_NAMES,
     TOPIC_SINGULAR,
     VERSION,
-    AssignmentStrategy,
-    AutoScaleOverride,
-    BrokerRef,
-    Condition,
-    ConditionStatus,
-    ConditionType,
-    ConsumerStatus,
-    ControllerRef,
+    segment_labels,
+    segment_name,
+    topic_name_problem,
+    topic_owner_reference,
+)
+from .requests import (
+    REQUEST_HISTORY,
     LastRequest,
     ManualRequest,
     ManualRequestOp,
-    OperationChild,
-    OperationKind,
-    OperationSource,
-    OperationStatus,
-    Range,
-    Reason,
-    Recommendation,
-    RecommendedAction,
     RequestResult,
-    ResourceValidationError,
-    Retention,
-    ScalableTopic,
-    ScalableTopicSpec,
-    ScalableTopicStatus,
+    handled_request,
+    parse_manual_request,
+    remember_request,
+)
+from .segment import (
+    BrokerRef,
     Segment,
+    SegmentCorruption,
     SegmentLoad,
     SegmentPhase,
     SegmentSpec,
     SegmentStatus,
+    SegmentTransfer,
+    TransferEndpoint,
+    parse_segment,
+    parse_segment_spec,
+    segment_manifest,
+)
+from .topic import (
+    TOPIC_RULES,
+    ConsumerStatus,
+    ControllerRef,
+    OperationChild,
+    OperationSource,
+    OperationStatus,
+    Recommendation,
+    RecommendedAction,
+    Retention,
+    ScalableTopic,
+    ScalableTopicSpec,
+    ScalableTopicStatus,
     SubscriptionSpec,
     SubscriptionStatus,
     SubscriptionType,
-    condition,
-    format_time,
-    get_condition,
-    handled_request,
     layout_status,
-    parse_manual_request,
-    parse_segment,
-    parse_segment_spec,
-    parse_time,
     parse_topic,
     parse_topic_spec,
-    remember_request,
-    segment_labels,
-    segment_manifest,
-    segment_name,
-    set_condition,
-    topic_name_problem,
-    topic_owner_reference,
 )
 
 __all__ = [
@@ -126,13 +154,18 @@ __all__ = [
     "TOPIC_SINGULAR",
     "VERSION",
     "AssignmentStrategy",
+    "AutoScaleDecision",
+    "AutoScaleEvaluation",
     "AutoScaleOverride",
+    "AutoScaleStatus",
     "BrokerRef",
     "Condition",
     "ConditionStatus",
     "ConditionType",
     "ConsumerStatus",
     "ControllerRef",
+    "Duration",
+    "Int",
     "LastRequest",
     "ManualRequest",
     "ManualRequestOp",
@@ -140,6 +173,7 @@ __all__ = [
     "OperationKind",
     "OperationSource",
     "OperationStatus",
+    "Quantity",
     "Range",
     "Reason",
     "Recommendation",
@@ -151,13 +185,17 @@ __all__ = [
     "ScalableTopicSpec",
     "ScalableTopicStatus",
     "Segment",
+    "SegmentCorruption",
     "SegmentLoad",
     "SegmentPhase",
     "SegmentSpec",
     "SegmentStatus",
+    "SegmentTransfer",
     "SubscriptionSpec",
     "SubscriptionStatus",
     "SubscriptionType",
+    "Timestamp",
+    "TransferEndpoint",
     "condition",
     "format_time",
     "get_condition",
