@@ -10,8 +10,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from scalable_topics.core.jsontypes import JsonObj
+
 T = TypeVar("T")
-JsonObj = dict[str, Any]
+
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 STATE_SERVER = FIXTURES / "kubelet_state_server.py"
 

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from scalable_topics.core.jsontypes import JsonObj as JsonObj
 from scalable_topics.localcluster.controlplane import ControlPlane, kube_binary
 from scalable_topics.localcluster.datadir import HOLDER_FILE, LOCK_FILE, MARKER_FILE
 from scalable_topics.localcluster.nodekubelet import NodeKubelet
@@ -49,7 +50,6 @@ from segment_broker.testing import free_port
 from .conftest import KubectlResult, run_kubectl
 
 T = TypeVar("T")
-JsonObj = dict[str, Any]
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY = REPO / "manifests" / "overlays" / "local"

@@ -15,13 +15,13 @@ import copy
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
 
 from scalable_topics.core import crds
 from scalable_topics.core import resources as r
+from scalable_topics.core.jsontypes import JsonObj
 from scalable_topics.core.layout import HashRange
 from scalable_topics.localcluster.controlplane import ControlPlane
 from scalable_topics.localcluster.restclient import (
@@ -59,7 +59,6 @@ SEGMENTS = Resource(r.GROUP, r.VERSION, r.SEGMENT_PLURAL)
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
 STRICT = {"fieldValidation": "Strict"}
 DRY_RUN = {**STRICT, "dryRun": "All"}
-JsonObj = dict[str, Any]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

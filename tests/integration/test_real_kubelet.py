@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from scalable_topics.core.jsontypes import JsonObj
 from scalable_topics.localcluster.controlplane import (
     NODES_GROUP,
     SERVICE_CIDR,
@@ -54,7 +55,6 @@ pytestmark = [
 
 NODE = "real-node"
 DEPLOYMENTS = Resource("apps", "v1", "deployments")
-JsonObj = dict[str, Any]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from scalable_topics.core.jsontypes import JsonObj
 from scalable_topics.localcluster.controlplane import SERVICE_CIDR
 from scalable_topics.localcluster.nodekubelet import NodeKubelet
 from scalable_topics.localcluster.restclient import (
@@ -45,7 +46,6 @@ pytestmark = [
 ]
 
 NS = "default"
-JsonObj = dict[str, Any]
 
 
 def pod(name: str, spec: JsonObj) -> JsonObj:

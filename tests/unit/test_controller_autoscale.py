@@ -25,10 +25,11 @@ from scalable_topics.controller.autoscale import AutoScaler
 from scalable_topics.controller.autoscalestatus import suppression_message
 from scalable_topics.controller.brokers import BrokerAdmin
 from scalable_topics.controller.cache import TopicCache
-from scalable_topics.controller.kube import Body, Conflict, KubeApi
+from scalable_topics.controller.kube import Conflict, KubeApi
 from scalable_topics.controller.protocol import OperationExecutor
 from scalable_topics.controller.reconciler import TopicReconciler
 from scalable_topics.core.evaluator import Suppression
+from scalable_topics.core.jsontypes import JsonObj
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.policy import (
     AutoScalePolicy,
@@ -64,10 +65,10 @@ class World:
 def _in_memory_status(kube: KubeApi, holder: list[World]) -> None:
     """The topic's status subresource and events, kept in the cache instead of an API server."""
 
-    async def get_topic(namespace: str, name: str) -> Body | None:
+    async def get_topic(namespace: str, name: str) -> JsonObj | None:
         return copy.deepcopy(holder[0].cache.topics.get((namespace, name)))
 
-    async def replace_topic_status(body: Body) -> Body:
+    async def replace_topic_status(body: JsonObj) -> JsonObj:
         meta = body["metadata"]
         stored = holder[0].cache.topics[(meta["namespace"], meta["name"])]
         version = int(stored["metadata"].get("resourceVersion", "1"))
@@ -79,7 +80,7 @@ def _in_memory_status(kube: KubeApi, holder: list[World]) -> None:
         return written
 
     async def post_event(
-        obj: Body, *, type_: str, reason: str, message: str, component: str
+        obj: JsonObj, *, type_: str, reason: str, message: str, component: str
     ) -> None:
         holder[0].events.append((reason, message))
 
@@ -88,7 +89,7 @@ def _in_memory_status(kube: KubeApi, holder: list[World]) -> None:
     kube.post_event = post_event  # type: ignore[method-assign]
 
 
-async def _no_events(topic: Body, type_: str, reason: str, message: str) -> None:
+async def _no_events(topic: JsonObj, type_: str, reason: str, message: str) -> None:
     raise AssertionError(f"unexpected event {reason}: {message}")
 
 

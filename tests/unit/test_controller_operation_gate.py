@@ -13,17 +13,18 @@ from kubernetes_asyncio import client as k8s
 
 from scalable_topics.controller.brokers import BrokerAdmin
 from scalable_topics.controller.cache import TopicCache
-from scalable_topics.controller.kube import Body, KubeApi
+from scalable_topics.controller.kube import KubeApi
 from scalable_topics.controller.protocol import (
     OperationExecutor,
     OperationRejected,
     segment_body,
 )
+from scalable_topics.core.jsontypes import JsonObj
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.operation import plan_merge, plan_split
 
 NAMESPACE = "gate"
-TOPIC: Body = {
+TOPIC: JsonObj = {
     "apiVersion": "scalabletopics.io/v1alpha1",
     "kind": "ScalableTopic",
     "metadata": {"namespace": NAMESPACE, "name": "orders", "uid": "topic-uid"},
@@ -62,7 +63,7 @@ def executor_with(moving: set[int]) -> tuple[OperationExecutor, SegmentLayout]:
         body["status"] = status
         cache.put_segment(body)
 
-    async def events(topic: Body, type_: str, reason: str, message: str) -> None:
+    async def events(topic: JsonObj, type_: str, reason: str, message: str) -> None:
         raise AssertionError(f"no event expected, got {reason}: {message}")
 
     _clients.append(k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9")))

@@ -25,9 +25,10 @@ from kubernetes_asyncio import client as k8s
 
 from scalable_topics.controller.brokers import BrokerAdmin, Successor
 from scalable_topics.controller.cache import TopicCache, recorded_broker
-from scalable_topics.controller.kube import Body, KubeApi, NotFound
+from scalable_topics.controller.kube import KubeApi, NotFound
 from scalable_topics.controller.protocol import OperationExecutor, segment_body
 from scalable_topics.controller.reconciler import TopicReconciler
+from scalable_topics.core.jsontypes import JsonObj
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.policy import AutoScalePolicy
 from scalable_topics.core.resources import parse_topic_spec, segment_name
@@ -43,9 +44,9 @@ class World:
     reconciler: TopicReconciler
     admin: BrokerAdmin
     brokers: dict[str, RunningBroker]
-    topic: Body
+    topic: JsonObj
     layout: SegmentLayout
-    stored: dict[str, Body] = field(default_factory=dict)
+    stored: dict[str, JsonObj] = field(default_factory=dict)
     """Segment name → the Segment resource as the API server holds it."""
     events: list[tuple[str, str]] = field(default_factory=list)
     after_listing: Callable[[], None] | None = None
@@ -65,14 +66,14 @@ def _in_memory_segments(kube: KubeApi, world: list[World]) -> None:
     """Segments and events kept in the test instead of an API server (uids as it gives them)."""
     uids = itertools.count(1)
 
-    async def list_segments(namespace: str, topic: str) -> list[Body]:
+    async def list_segments(namespace: str, topic: str) -> list[JsonObj]:
         listed = [copy.deepcopy(b) for b in world[0].stored.values()]
         hook, world[0].after_listing = world[0].after_listing, None
         if hook is not None:
             hook()
         return listed
 
-    async def create_segment(body: Body) -> Body:
+    async def create_segment(body: JsonObj) -> JsonObj:
         name = body["metadata"]["name"]
         if name not in world[0].stored:
             created = copy.deepcopy(body)
@@ -81,8 +82,8 @@ def _in_memory_segments(kube: KubeApi, world: list[World]) -> None:
         return copy.deepcopy(world[0].stored[name])
 
     async def patch_segment_status(
-        namespace: str, name: str, status: Body, *, resource_version: str | None = None
-    ) -> Body:
+        namespace: str, name: str, status: JsonObj, *, resource_version: str | None = None
+    ) -> JsonObj:
         if name not in world[0].stored:
             raise NotFound(name)
         stored = world[0].stored[name]
@@ -90,7 +91,7 @@ def _in_memory_segments(kube: KubeApi, world: list[World]) -> None:
         return copy.deepcopy(stored)
 
     async def post_event(
-        obj: Body, *, type_: str, reason: str, message: str, component: str
+        obj: JsonObj, *, type_: str, reason: str, message: str, component: str
     ) -> None:
         world[0].events.append((reason, message))
 
@@ -100,7 +101,7 @@ def _in_memory_segments(kube: KubeApi, world: list[World]) -> None:
     kube.post_event = post_event  # type: ignore[method-assign]
 
 
-def _pod(name: str, url: str) -> Body:
+def _pod(name: str, url: str) -> JsonObj:
     host = url.removeprefix("http://").rsplit(":", 1)[0]
     return {
         "metadata": {"name": name, "namespace": NAMESPACE, "uid": f"pod-{name}"},
@@ -127,7 +128,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
             cache.brokers[pod] = dataclasses.replace(cache.brokers[pod], url=running.url)
         holder: list[World] = []
 
-        async def events(topic: Body, type_: str, reason: str, message: str) -> None:
+        async def events(topic: JsonObj, type_: str, reason: str, message: str) -> None:
             holder[0].events.append((reason, message))
 
         executor = OperationExecutor(kube, admin, cache, events=events)
@@ -141,7 +142,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
             defaults=AutoScalePolicy(),
         )
         layout = SegmentLayout.initial(2).split(1)
-        topic: Body = {
+        topic: JsonObj = {
             "metadata": {"namespace": NAMESPACE, "name": TOPIC, "uid": "topic-uid"},
             "spec": {"initialSegments": 2},
         }
@@ -226,7 +227,7 @@ def test_a_deleted_segment_is_dropped_only_as_the_uid_it_was() -> None:
     """A late DELETED event of the old object does not drop the Segment written again."""
     cache = TopicCache(controller_url=lambda namespace, name: "")
     layout = SegmentLayout.initial(1)
-    topic: Body = {"metadata": {"namespace": NAMESPACE, "name": TOPIC, "uid": "t"}}
+    topic: JsonObj = {"metadata": {"namespace": NAMESPACE, "name": TOPIC, "uid": "t"}}
     old: dict[str, Any] = segment_body(topic, 0, layout.segments[0].hash_range, [], 1)
     old["metadata"]["uid"] = "old"
     new = copy.deepcopy(old)

@@ -12,11 +12,11 @@ back.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..core.evaluator import METRICS, LoadSample
+from ..core.jsontypes import JsonView
 from ..core.policy import AutoScalePolicy
 from ..core.resources import (
     ConditionType,
@@ -26,8 +26,7 @@ from ..core.resources import (
     parse_time,
 )
 
-Body = Mapping[str, Any]
-Explain = Callable[[Sequence[Body], AutoScalePolicy, Body, float], str]
+Explain = Callable[[Sequence[JsonView], AutoScalePolicy, JsonView, float], str]
 """A phase's explanation: (the topic's Segments, its policy, the topic, Unix time) → text."""
 
 
@@ -37,7 +36,7 @@ def progress_line(what: str, detail: str, elapsed: float, within: float) -> str:
     return f"  waiting for {what}{state} [{elapsed:.0f} s of {within:.0f} s]"
 
 
-def leftover_shape(topic: Body) -> str:
+def leftover_shape(topic: JsonView) -> str:
     """Why ``topic`` is not in its initial shape (empty when it is): a previous run split or
     merged it, an operation is in flight, or it is being deleted."""
     meta = topic.get("metadata") or {}
@@ -54,7 +53,7 @@ def leftover_shape(topic: Body) -> str:
     return ""
 
 
-def is_ready(topic: Body) -> bool:
+def is_ready(topic: JsonView) -> bool:
     """``Ready=True`` for the topic's current generation."""
     ready = get_condition((topic.get("status") or {}).get("conditions"), ConditionType.READY)
     observed = (topic.get("status") or {}).get("observedGeneration")
@@ -62,7 +61,7 @@ def is_ready(topic: Body) -> bool:
     return bool(ready and ready.get("status") == "True" and observed == generation)
 
 
-def ready_detail(topic: Body) -> str:
+def ready_detail(topic: JsonView) -> str:
     ready = get_condition((topic.get("status") or {}).get("conditions"), ConditionType.READY)
     if not ready:
         return "no Ready condition yet (the operator has not reconciled it)"
@@ -81,7 +80,7 @@ class ActiveSegment:
         return f"#{self.segment_id}"
 
 
-def active_segments(segments: Sequence[Body]) -> list[ActiveSegment]:
+def active_segments(segments: Sequence[JsonView]) -> list[ActiveSegment]:
     """The Active segments in hash-range order (neighbours are adjacent in the list)."""
     # The operator's own reading of Segment.status.load (imported here: the controller package
     # costs a quarter of a second to import, and every `stopic` command imports this module).
@@ -101,7 +100,7 @@ def _seconds(value: float) -> str:
     return f"{value:.0f} s"
 
 
-def _status_time(topic: Body, field: str) -> float | None:
+def _status_time(topic: JsonView, field: str) -> float | None:
     value = (topic.get("status") or {}).get(field)
     try:
         return parse_time(str(value)) if value else None
@@ -110,7 +109,7 @@ def _status_time(topic: Body, field: str) -> float | None:
 
 
 def split_progress(
-    segments: Sequence[Body], policy: AutoScalePolicy, topic: Body, now: float
+    segments: Sequence[JsonView], policy: AutoScalePolicy, topic: JsonView, now: float
 ) -> str:
     """Phase 1: how close the hottest active segment is to a split threshold."""
     active = active_segments(segments)
@@ -135,7 +134,7 @@ def split_progress(
     return line + _split_cooldown(policy, topic, now)
 
 
-def _split_cooldown(policy: AutoScalePolicy, topic: Body, now: float) -> str:
+def _split_cooldown(policy: AutoScalePolicy, topic: JsonView, now: float) -> str:
     last_split = _status_time(topic, "lastSplitAt")
     if last_split is None or now - last_split >= policy.split_cooldown:
         return ""
@@ -145,7 +144,7 @@ def _split_cooldown(policy: AutoScalePolicy, topic: Body, now: float) -> str:
     )
 
 
-def stream_consumers(topic: Body) -> int:
+def stream_consumers(topic: JsonView) -> int:
     """The most consumers any Stream subscription has, as the operator's status lists them."""
     counts = [
         len(sub.get("consumers") or [])
@@ -156,7 +155,7 @@ def stream_consumers(topic: Body) -> int:
 
 
 def consumer_split_progress(
-    segments: Sequence[Body], policy: AutoScalePolicy, topic: Body, now: float
+    segments: Sequence[JsonView], policy: AutoScalePolicy, topic: JsonView, now: float
 ) -> str:
     """Phase 2: stream consumers against active segments."""
     active = len(active_segments(segments))
@@ -179,7 +178,7 @@ def cold_for(sample: LoadSample | None, policy: AutoScalePolicy, now: float) -> 
 
 
 def merge_progress(
-    segments: Sequence[Body], policy: AutoScalePolicy, topic: Body, now: float
+    segments: Sequence[JsonView], policy: AutoScalePolicy, topic: JsonView, now: float
 ) -> str:
     """Phase 3: the coldest pair of neighbours and the gates between it and a merge."""
     active = active_segments(segments)

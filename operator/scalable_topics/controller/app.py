@@ -18,6 +18,7 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
 from ..core.policy import DEFAULT_POLICY, AutoScalePolicy, ClusterDefaults
 from ..core.resources import (
@@ -44,7 +45,7 @@ from .clusterdefaults import ClusterDefaultsWatch
 from .consumers import ConsumerHub
 from .corruption import corruption_changed
 from .health import DEFAULT_LEASE_TOLERANCE, DEFAULT_STALL, LivenessRule, QueueProgress
-from .kube import Body, KubeApi
+from .kube import KubeApi
 from .leadership import ShardLeadership
 from .leases import ElectionTimings
 from .protocol import OperationExecutor
@@ -201,7 +202,7 @@ class Controller:
             recommendation_freshness=s.recommendation_freshness,
         )
 
-    async def _event(self, topic: Body, type_: str, reason: str, message: str) -> None:
+    async def _event(self, topic: JsonObj, type_: str, reason: str, message: str) -> None:
         await self.reconciler.event(topic, type_, reason, message)
 
     def _cluster_defaults_changed(self, cluster: ClusterDefaults) -> None:
@@ -253,7 +254,7 @@ class Controller:
     async def _persist_subscription(
         self, namespace: str, name: str, subscription: str, coordinator_status: dict[str, Any]
     ) -> None:
-        def change(status: dict[str, Any], obj: Body) -> None:
+        def change(status: dict[str, Any], obj: JsonObj) -> None:
             entries = [
                 e for e in status.get("subscriptions") or [] if e.get("name") != subscription
             ]
@@ -283,7 +284,7 @@ class Controller:
             self.queue.add((namespace, name))
         self.cache.notify_controller_changed()
 
-    def _restore_consumers(self, namespace: str, name: str, topic: Body) -> None:
+    def _restore_consumers(self, namespace: str, name: str, topic: JsonObj) -> None:
         layout = layout_of(topic)
         if layout is None:
             return
@@ -328,12 +329,12 @@ class Controller:
         readiness flip of a busy broker is a storm (1,000 passes each time)."""
         urls = {pod.name: pod.url for pod in self.cache.brokers.values()}
 
-        def moved(segment: Body) -> bool:
+        def moved(segment: JsonObj) -> bool:
             broker = (segment.get("status") or {}).get("broker") or {}
             pod = broker.get("pod")
             return pod in urls and urls[pod] != broker.get("url")
 
-        def draining(segment: Body) -> bool:
+        def draining(segment: JsonObj) -> bool:
             pod = self.cache.brokers.get(recorded_broker(segment) or "")
             return pod is not None and pod.cordoned
 
@@ -375,7 +376,7 @@ class Controller:
 
         @kopf.on.event(GROUP, VERSION, TOPIC_PLURAL, registry=registry)
         async def topic_event(event: kopf.RawEvent, **_: Any) -> None:
-            body: Body = dict(event["object"])
+            body: JsonObj = dict(event["object"])
             meta = body["metadata"]
             key = (meta["namespace"], meta["name"])
             if event.get("type") == "DELETED":
@@ -392,7 +393,7 @@ class Controller:
 
         @kopf.on.event(GROUP, VERSION, SEGMENT_PLURAL, registry=registry)
         async def segment_event(event: kopf.RawEvent, **_: Any) -> None:
-            body: Body = dict(event["object"])
+            body: JsonObj = dict(event["object"])
             if event.get("type") == "DELETED":
                 self.cache.drop_segment(body)
                 topic = (body["metadata"].get("labels") or {}).get(LABEL_TOPIC)
@@ -412,7 +413,7 @@ class Controller:
 
         @kopf.on.event("", "v1", "pods", labels={broker_key: broker_value}, registry=registry)
         async def broker_pod_event(event: kopf.RawEvent, **_: Any) -> None:
-            body: Body = dict(event["object"])
+            body: JsonObj = dict(event["object"])
             if event.get("type") == "DELETED":
                 self.cache.drop_pod(body)
             else:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.evaluator import LoadSample, Merge, Rebucket, Split, Suppression, decide_explained
+from ..core.jsontypes import JsonObj
 from ..core.policy import ClusterMode
 from ..core.recommendation import accept
 from ..core.resources import format_time, parse_time
@@ -34,7 +35,6 @@ from .autoscalestatus import (
     suppression_message,
 )
 from .cache import TopicCache, layout_of
-from .kube import Body
 from .protocol import OperationExecutor, OperationRejected
 from .reconciler import TopicReconciler
 from .status import TopicGone, update_topic_status
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]
 
 
-def load_samples(segments: Mapping[int, Body]) -> dict[int, LoadSample]:
+def load_samples(segments: Mapping[int, JsonObj]) -> dict[int, LoadSample]:
     """``Segment.status.load`` as evaluator samples; ``updatedAt`` is the modification time."""
     samples: dict[int, LoadSample] = {}
     for sid, seg in segments.items():
@@ -336,7 +336,7 @@ class AutoScaler:
 
     async def _record(
         self,
-        topic: Body,
+        topic: JsonObj,
         outcome: Outcome,
         now: float,
         decision: dict[str, Any] | None = None,
@@ -353,7 +353,7 @@ class AutoScaler:
                 meta["namespace"], meta["name"], outcome.result
             ).inc()
 
-        def change(status: dict[str, Any], _: Body) -> None:
+        def change(status: dict[str, Any], _: JsonObj) -> None:
             put_outcome(status, outcome, format_time(now))
             if decision is not None:
                 put_decision(status, decision)

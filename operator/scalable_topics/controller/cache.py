@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
 from ..core.resources import LABEL_TOPIC
 from ..core.sessions import DagMessage, dag_message
@@ -19,7 +20,6 @@ from ..core.transfer import DRAIN_ANNOTATION
 from .brokers import BrokerPod
 
 Key = tuple[str, str]
-Body = dict[str, Any]
 
 
 def layout_of(topic: Mapping[str, Any]) -> SegmentLayout | None:
@@ -94,8 +94,8 @@ class TopicCache:
         self._controller_url = controller_url
         self.broker_port = broker_port
         self.broker_scheme = broker_scheme
-        self.topics: dict[Key, Body] = {}
-        self.segments: dict[Key, dict[int, Body]] = defaultdict(dict)
+        self.topics: dict[Key, JsonObj] = {}
+        self.segments: dict[Key, dict[int, JsonObj]] = defaultdict(dict)
         self.brokers: dict[str, BrokerPod] = {}
         self._changed: dict[Key, asyncio.Event] = defaultdict(asyncio.Event)
         self._fingerprints: dict[Key, Any] = {}
@@ -108,7 +108,7 @@ class TopicCache:
 
     # -- feeding -------------------------------------------------------------------------------
 
-    def put_topic(self, body: Body) -> None:
+    def put_topic(self, body: JsonObj) -> None:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         self.topics[key] = body
@@ -122,7 +122,7 @@ class TopicCache:
         self._fingerprints.pop(key, None)
         self._notify(key)
 
-    def put_segment(self, body: Body) -> None:
+    def put_segment(self, body: JsonObj) -> None:
         meta = body["metadata"]
         topic = (meta.get("labels") or {}).get(LABEL_TOPIC) or body.get("spec", {}).get("topic")
         if not topic:
@@ -149,7 +149,7 @@ class TopicCache:
             self._placed[segment] = pod
             self._load[pod] += 1
 
-    def drop_segment(self, body: Body) -> None:
+    def drop_segment(self, body: JsonObj) -> None:
         meta = body["metadata"]
         topic = (meta.get("labels") or {}).get(LABEL_TOPIC) or body.get("spec", {}).get("topic")
         if not topic:
@@ -167,7 +167,7 @@ class TopicCache:
         self._place((key[0], key[1], sid), None)
         self._maybe_notify(key)
 
-    def put_pod(self, body: Body) -> None:
+    def put_pod(self, body: JsonObj) -> None:
         broker = pod_broker(body, self.broker_port, self.broker_scheme)
         name = str(body["metadata"]["name"])
         before = self.brokers.get(name)
@@ -178,7 +178,7 @@ class TopicCache:
         if before != broker and self.on_broker_change is not None:
             self.on_broker_change()
 
-    def drop_pod(self, body: Body) -> None:
+    def drop_pod(self, body: JsonObj) -> None:
         if self.brokers.pop(str(body["metadata"]["name"]), None) and self.on_broker_change:
             self.on_broker_change()
 

@@ -17,17 +17,18 @@ from typing import Any, cast
 
 from kubernetes_asyncio import watch
 
+from ..core.jsontypes import JsonObj
 from ..core.policy import (
     CLUSTER_DEFAULTS_CONFIGMAP,
     ClusterDefaults,
     format_knob,
     parse_cluster_defaults,
 )
-from .kube import Body, KubeApi
+from .kube import KubeApi
 
 log = logging.getLogger(__name__)
 
-PostEvent = Callable[[Body, str, str, str], Awaitable[None]]
+PostEvent = Callable[[JsonObj, str, str, str], Awaitable[None]]
 
 
 def describe(cluster: ClusterDefaults) -> str:
@@ -70,7 +71,7 @@ class ClusterDefaultsWatch:
             self.namespace, field_selector=f"metadata.name={self.name}"
         )
         items = [
-            cast(Body, self.kube.api_client.sanitize_for_serialization(item))
+            cast(JsonObj, self.kube.api_client.sanitize_for_serialization(item))
             for item in listing.items
         ]
         await self.apply(items[0] if items else None)
@@ -93,7 +94,7 @@ class ClusterDefaultsWatch:
                 problem.message,
             )
             if obj is not None:
-                body: Body = {"apiVersion": "v1", "kind": "ConfigMap", **dict(obj)}
+                body: JsonObj = {"apiVersion": "v1", "kind": "ConfigMap", **dict(obj)}
                 await self.events(
                     body,
                     "Warning",

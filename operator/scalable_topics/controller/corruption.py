@@ -9,22 +9,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..core.jsontypes import JsonView
 from ..core.resources import Reason
 
-Body = Mapping[str, Any]
 
-
-def corruption_of(segment: Body | None) -> Mapping[str, Any] | None:
+def corruption_of(segment: JsonView | None) -> Mapping[str, Any] | None:
     found = ((segment or {}).get("status") or {}).get("corruption")
     return found if isinstance(found, Mapping) else None
 
 
-def corruption_changed(before: Body | None, after: Body) -> bool:
+def corruption_changed(before: JsonView | None, after: JsonView) -> bool:
     """Whether a Segment event changed its corruption report (a topic pass is then due)."""
     return corruption_of(before) != corruption_of(after)
 
 
-def corrupted_segments(segments: Iterable[Body]) -> tuple[str, str] | None:
+def corrupted_segments(segments: Iterable[JsonView]) -> tuple[str, str] | None:
     """``(reason, message)`` for the topic when some of its Segments are quarantined."""
     found: list[tuple[int, str, Mapping[str, Any]]] = []
     for segment in segments:

@@ -19,14 +19,13 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from ..core.jsontypes import JsonObj
 from ..core.resources import GROUP, VERSION
 from ..core.resources import SEGMENT_PLURAL as SEGMENTS
 from ..core.resources import TOPIC_PLURAL as SCALABLE_TOPICS
 from . import metrics
 
 log = logging.getLogger(__name__)
-
-Body = dict[str, Any]
 
 
 class Conflict(Exception):
@@ -93,7 +92,7 @@ class KubeApi:
 
     # -- ScalableTopic -------------------------------------------------------------------------
 
-    def _wrote(self, obj: Body) -> Body:
+    def _wrote(self, obj: JsonObj) -> JsonObj:
         meta = obj.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
         versions = self._own_versions.get(key)
@@ -111,10 +110,10 @@ class KubeApi:
     def forget_topic(self, namespace: str, name: str) -> None:
         self._own_versions.pop((namespace, name), None)
 
-    async def get_topic(self, namespace: str, name: str) -> Body | None:
+    async def get_topic(self, namespace: str, name: str) -> JsonObj | None:
         try:
             return cast(
-                Body,
+                JsonObj,
                 await self.custom.get_namespaced_custom_object(
                     GROUP, VERSION, namespace, SCALABLE_TOPICS, name
                 ),
@@ -124,36 +123,36 @@ class KubeApi:
                 return None
             raise
 
-    async def list_topics(self) -> list[Body]:
+    async def list_topics(self) -> list[JsonObj]:
         result = await self.custom.list_custom_object_for_all_namespaces(
             GROUP, VERSION, SCALABLE_TOPICS
         )
-        return cast(list[Body], result.get("items", []))
+        return cast(list[JsonObj], result.get("items", []))
 
-    async def replace_topic_status(self, body: Body) -> Body:
+    async def replace_topic_status(self, body: JsonObj) -> JsonObj:
         """Write ``body['status']`` if the topic still has ``body``'s resourceVersion."""
         meta = body["metadata"]
         try:
             written = await self.custom.replace_namespaced_custom_object_status(
                 GROUP, VERSION, meta["namespace"], SCALABLE_TOPICS, meta["name"], body
             )
-            return self._wrote(cast(Body, written))
+            return self._wrote(cast(JsonObj, written))
         except ApiException as exc:
             raise _translate(exc) from None
 
-    async def patch_topic(self, namespace: str, name: str, patch: Body) -> Body:
+    async def patch_topic(self, namespace: str, name: str, patch: JsonObj) -> JsonObj:
         """JSON merge patch of metadata (finalizers, annotations)."""
         try:
             patched = await self.custom.patch_namespaced_custom_object(
                 GROUP, VERSION, namespace, SCALABLE_TOPICS, name, patch, **MERGE_PATCH
             )
-            return self._wrote(cast(Body, patched))
+            return self._wrote(cast(JsonObj, patched))
         except ApiException as exc:
             raise _translate(exc) from None
 
     # -- Segment -------------------------------------------------------------------------------
 
-    async def list_segments(self, namespace: str, topic: str) -> list[Body]:
+    async def list_segments(self, namespace: str, topic: str) -> list[JsonObj]:
         result = await self.custom.list_namespaced_custom_object(
             GROUP,
             VERSION,
@@ -161,14 +160,14 @@ class KubeApi:
             SEGMENTS,
             label_selector=f"{GROUP}/topic={topic}",
         )
-        return cast(list[Body], result.get("items", []))
+        return cast(list[JsonObj], result.get("items", []))
 
-    async def create_segment(self, body: Body) -> Body:
+    async def create_segment(self, body: JsonObj) -> JsonObj:
         """Create, or return the existing object when it is already there (idempotent)."""
         meta = body["metadata"]
         try:
             return cast(
-                Body,
+                JsonObj,
                 await self.custom.create_namespaced_custom_object(
                     GROUP, VERSION, meta["namespace"], SEGMENTS, body
                 ),
@@ -179,14 +178,14 @@ class KubeApi:
         existing = await self.custom.get_namespaced_custom_object(
             GROUP, VERSION, meta["namespace"], SEGMENTS, meta["name"]
         )
-        return cast(Body, existing)
+        return cast(JsonObj, existing)
 
-    async def patch_segment(self, namespace: str, name: str, patch: Body) -> Body:
+    async def patch_segment(self, namespace: str, name: str, patch: JsonObj) -> JsonObj:
         """JSON merge patch of a Segment's metadata (its owner, when a lost layout is rebuilt
         for a re-created topic); a ``resourceVersion`` in the patch makes it a CAS."""
         try:
             return cast(
-                Body,
+                JsonObj,
                 await self.custom.patch_namespaced_custom_object(
                     GROUP, VERSION, namespace, SEGMENTS, name, patch, **MERGE_PATCH
                 ),
@@ -195,16 +194,16 @@ class KubeApi:
             raise _translate(exc) from None
 
     async def patch_segment_status(
-        self, namespace: str, name: str, status: Body, *, resource_version: str | None = None
-    ) -> Body:
+        self, namespace: str, name: str, status: JsonObj, *, resource_version: str | None = None
+    ) -> JsonObj:
         """Merge patch of a Segment's status; with ``resource_version`` a compare-and-swap
         (``Conflict`` when the Segment changed since)."""
-        patch: Body = {"status": status}
+        patch: JsonObj = {"status": status}
         if resource_version is not None:
             patch["metadata"] = {"resourceVersion": resource_version}
         try:
             written = cast(
-                Body,
+                JsonObj,
                 await self.custom.patch_namespaced_custom_object_status(
                     GROUP,
                     VERSION,
@@ -236,10 +235,12 @@ class KubeApi:
         result = await self.core.list_namespaced_pod(namespace, label_selector=label_selector)
         return list(result.items)
 
-    async def list_pods_all_namespaces(self, label_selector: str) -> list[Body]:
+    async def list_pods_all_namespaces(self, label_selector: str) -> list[JsonObj]:
         """Pods as dicts (the shape kopf's events carry, camelCase keys)."""
         result = await self.core.list_pod_for_all_namespaces(label_selector=label_selector)
-        return [cast(Body, self.api_client.sanitize_for_serialization(pod)) for pod in result.items]
+        return [
+            cast(JsonObj, self.api_client.sanitize_for_serialization(pod)) for pod in result.items
+        ]
 
     NAMESPACE_TTL = 5.0
 
@@ -263,7 +264,7 @@ class KubeApi:
     # -- Events --------------------------------------------------------------------------------
 
     async def post_event(
-        self, obj: Body, *, type_: str, reason: str, message: str, component: str
+        self, obj: JsonObj, *, type_: str, reason: str, message: str, component: str
     ) -> None:
         """A core/v1 Event about ``obj``. Failures are logged, never raised: an event is
         information, and losing one must not fail the reconcile that produced it."""

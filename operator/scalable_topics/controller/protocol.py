@@ -30,6 +30,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
 from ..core.operation import Operation, OperationKind, Phase, Recovery, recovery
 from ..core.resources import (
@@ -45,14 +46,14 @@ from . import metrics
 from .brokers import BrokerAdmin, Successor, broker_unavailable, choose_broker
 from .cache import ANNOTATION_BROKER, TopicCache, layout_of, recorded_broker
 from .faults import crash_after, fault_point
-from .kube import Body, KubeApi
+from .kube import KubeApi
 from .status import put_layout, update_topic_status
 
 log = logging.getLogger(__name__)
 
 FAULT_POINTS = ("intent-recorded", "children-created", "parents-sealed", "layout-committed")
 
-EventSink = Callable[[Body, str, str, str], Awaitable[None]]
+EventSink = Callable[[JsonObj, str, str, str], Awaitable[None]]
 LayoutListener = Callable[[str, str, SegmentLayout], None]
 
 
@@ -65,8 +66,8 @@ class NoBrokerAvailable(Exception):
 
 
 def segment_body(
-    topic: Body, segment_id: int, hash_range: Any, parents: list[int], buckets: int
-) -> Body:
+    topic: JsonObj, segment_id: int, hash_range: Any, parents: list[int], buckets: int
+) -> JsonObj:
     meta = topic["metadata"]
     return {
         "apiVersion": API_VERSION,
@@ -87,7 +88,7 @@ def segment_body(
     }
 
 
-def broker_retention(topic: Body) -> dict[str, int] | None:
+def broker_retention(topic: JsonObj) -> dict[str, int] | None:
     """The spec's retention (``time: 1h``, ``size: 1Gi``) in the broker's units
     (``timeMs``, ``sizeBytes``); ``None`` when the topic sets none."""
     retention = parse_topic_spec(topic.get("spec")).retention
@@ -125,7 +126,7 @@ class OperationExecutor:
 
     # -- entry points --------------------------------------------------------------------------
 
-    async def start(self, topic: Body, operation: Operation) -> Body:
+    async def start(self, topic: JsonObj, operation: Operation) -> JsonObj:
         """Record the intent (step 1) and run the operation to its end.
 
         :class:`OperationRejected` while a parent is moving to another broker: a seal and a
@@ -144,7 +145,7 @@ class OperationExecutor:
                 "start once the move has ended"
             )
 
-        def record(status: dict[str, Any], obj: Body) -> None:
+        def record(status: dict[str, Any], obj: JsonObj) -> None:
             in_flight = status.get("operation")
             if in_flight and in_flight.get("id") != operation.id:
                 raise OperationRejected(f"operation {in_flight.get('id')} is in flight")
@@ -170,7 +171,7 @@ class OperationExecutor:
         self._crash_point("intent-recorded")
         return await self.run(topic, operation)
 
-    async def resume(self, topic: Body) -> Body:
+    async def resume(self, topic: JsonObj) -> JsonObj:
         """A leader found ``status.operation``: finish it or roll it back."""
         meta = topic["metadata"]
         operation = Operation.from_status(topic["status"]["operation"])
@@ -200,7 +201,7 @@ class OperationExecutor:
             operation = operation.advanced(Phase.CHILDREN_CREATED)
         return await self.run(topic, operation)
 
-    async def run(self, topic: Body, operation: Operation) -> Body:
+    async def run(self, topic: JsonObj, operation: Operation) -> JsonObj:
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         started = self.clock()
         if operation.phase is Phase.INTENT:
@@ -225,7 +226,7 @@ class OperationExecutor:
 
     # -- steps ---------------------------------------------------------------------------------
 
-    async def _subscriptions(self, topic: Body, operation: Operation) -> list[tuple[str, str]]:
+    async def _subscriptions(self, topic: JsonObj, operation: Operation) -> list[tuple[str, str]]:
         """Step 2: the spec's subscriptions plus any the parents' brokers know about."""
         spec = parse_topic_spec(topic.get("spec"))
         found: dict[str, str] = {s.name: s.type.value for s in spec.subscriptions}
@@ -242,7 +243,7 @@ class OperationExecutor:
                     found[sub] = "Queue" if kind in ("Queue", "KeyShared") else "Stream"
         return sorted(found.items())
 
-    def _place(self, topic: Body, segment_id: int, existing: Body | None) -> tuple[str, str]:
+    def _place(self, topic: JsonObj, segment_id: int, existing: JsonObj | None) -> tuple[str, str]:
         """The broker (pod, url) of a segment: the recorded one, else the least loaded.
 
         A segment stays where it was placed unless an ownership transfer moves it
@@ -265,7 +266,7 @@ class OperationExecutor:
 
     async def ensure_segment(
         self,
-        topic: Body,
+        topic: JsonObj,
         segment_id: int,
         hash_range: Any,
         parents: list[int],
@@ -336,7 +337,7 @@ class OperationExecutor:
             self.cache.put_segment(updated)
         return url
 
-    async def _create_children(self, topic: Body, operation: Operation) -> None:
+    async def _create_children(self, topic: JsonObj, operation: Operation) -> None:
         subscriptions = await self._subscriptions(topic, operation)
         for child in operation.children:
             await self.ensure_segment(
@@ -349,7 +350,7 @@ class OperationExecutor:
                 writable=False,
             )
 
-    async def _seal_parents(self, topic: Body, operation: Operation) -> None:
+    async def _seal_parents(self, topic: JsonObj, operation: Operation) -> None:
         """Terminate every parent (concurrently: the producers' window is the slowest seal)."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         urls = self.cache.segment_brokers(ns, name)
@@ -366,7 +367,7 @@ class OperationExecutor:
             seals.append(self.brokers.at(url).terminate(ns, name, parent, successors))
         await _all(seals)
 
-    async def _activate_children(self, topic: Body, operation: Operation) -> None:
+    async def _activate_children(self, topic: JsonObj, operation: Operation) -> None:
         """Open the children for produce: every parent is sealed by now (idempotent)."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         urls = self.cache.segment_brokers(ns, name)
@@ -378,10 +379,10 @@ class OperationExecutor:
             activations.append(self.brokers.at(url).activate(ns, name, child.segment_id))
         await _all(activations)
 
-    async def _record_phase(self, topic: Body, operation: Operation) -> Body:
+    async def _record_phase(self, topic: JsonObj, operation: Operation) -> JsonObj:
         meta = topic["metadata"]
 
-        def change(status: dict[str, Any], obj: Body) -> None:
+        def change(status: dict[str, Any], obj: JsonObj) -> None:
             current = status.get("operation") or {}
             if current.get("id") != operation.id:
                 raise OperationRejected(f"operation {operation.id} is no longer in status")
@@ -389,11 +390,11 @@ class OperationExecutor:
 
         return await update_topic_status(self.kube, meta["namespace"], meta["name"], change)
 
-    async def _commit(self, topic: Body, operation: Operation) -> Body:
+    async def _commit(self, topic: JsonObj, operation: Operation) -> JsonObj:
         meta = topic["metadata"]
         now = format_time(self.clock())
 
-        def change(status: dict[str, Any], obj: Body) -> None:
+        def change(status: dict[str, Any], obj: JsonObj) -> None:
             current = status.get("operation") or {}
             layout = layout_of(obj)
             if current.get("id") != operation.id:
@@ -420,7 +421,7 @@ class OperationExecutor:
 
         return await update_topic_status(self.kube, meta["namespace"], meta["name"], change)
 
-    async def _finish(self, topic: Body, operation: Operation) -> None:
+    async def _finish(self, topic: JsonObj, operation: Operation) -> None:
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         now = format_time(self.clock())
         for parent in operation.parents:
@@ -445,7 +446,7 @@ class OperationExecutor:
             f"{_describe(operation)} ({operation.source}: {operation.reason})",
         )
 
-    async def _any_parent_sealed(self, topic: Body, operation: Operation) -> bool:
+    async def _any_parent_sealed(self, topic: JsonObj, operation: Operation) -> bool:
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         urls = self.cache.segment_brokers(ns, name)
         for parent in operation.parents:
@@ -457,7 +458,7 @@ class OperationExecutor:
                 return True
         return False
 
-    async def roll_back(self, topic: Body, operation: Operation, why: str) -> Body:
+    async def roll_back(self, topic: JsonObj, operation: Operation, why: str) -> JsonObj:
         """Undo a not-yet-sealed operation: drop the children everywhere, clear the intent."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         segments = self.cache.segments.get((ns, name), {})
@@ -469,7 +470,7 @@ class OperationExecutor:
             await self.kube.delete_segment(ns, segment_name(name, child.segment_id))
         now = format_time(self.clock())
 
-        def change(status: dict[str, Any], obj: Body) -> None:
+        def change(status: dict[str, Any], obj: JsonObj) -> None:
             if (status.get("operation") or {}).get("id") == operation.id:
                 status.pop("operation", None)
             if operation.request_id:

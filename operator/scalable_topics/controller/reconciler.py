@@ -19,6 +19,7 @@ from typing import Any
 from ..brokeradmin import AdminError
 from ..core.buckets import initial_layout_buckets, layout_buckets
 from ..core.dagview import render_dag
+from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentInfo, SegmentLayout
 from ..core.operation import Operation, plan_merge, plan_rebucket, plan_split
 from ..core.policy import (
@@ -62,7 +63,7 @@ from .autoscalestatus import put_policy
 from .brokers import BrokerAdmin
 from .cache import TopicCache, layout_of, recorded_broker
 from .corruption import corrupted_segments
-from .kube import Body, KubeApi
+from .kube import KubeApi
 from .protocol import NoBrokerAvailable, OperationExecutor, OperationRejected
 from .restore import (
     BrokersUnanswered,
@@ -132,7 +133,7 @@ class TopicReconciler:
         """This pass's resolution and policy problem, for ``status.autoScale``."""
         self._locks: dict[Key, asyncio.Lock] = {}
         self.on_deleted: Callable[[str, str], None] | None = None
-        self.on_reconciled: Callable[[str, str, Body], None] | None = None
+        self.on_reconciled: Callable[[str, str, JsonObj], None] | None = None
         self.on_drained: Callable[[str, str, str, int], None] | None = None
         """Called with (namespace, topic, subscription, segment id) for a drain seen in broker
         stats: the consumer hub's ``segment_drained``."""
@@ -164,7 +165,7 @@ class TopicReconciler:
         """Held by whoever mutates the topic (a reconcile pass or an auto-scale operation)."""
         return self._locks.setdefault(key, asyncio.Lock())
 
-    async def event(self, topic: Body, type_: str, reason: str, message: str) -> None:
+    async def event(self, topic: JsonObj, type_: str, reason: str, message: str) -> None:
         await self.kube.post_event(
             topic, type_=type_, reason=reason, message=message, component="scalable-topics-operator"
         )
@@ -334,8 +335,8 @@ class TopicReconciler:
     # -- pieces --------------------------------------------------------------------------------
 
     async def _rebuild(
-        self, topic: Body, spec: ScalableTopicSpec
-    ) -> tuple[Body, SegmentLayout | None] | None:
+        self, topic: JsonObj, spec: ScalableTopicSpec
+    ) -> tuple[JsonObj, SegmentLayout | None] | None:
         """A topic without ``status.layout``: rebuild it from the Segment resources and what the
         brokers hold (``core.rebuild``; docs/operator.md, "Lost status").
 
@@ -389,7 +390,7 @@ class TopicReconciler:
         unrun: list[str] = []
         wrote: list[bool] = []
 
-        def change(status: dict[str, Any], obj: Body) -> None:
+        def change(status: dict[str, Any], obj: JsonObj) -> None:
             resumed.clear()
             unrun.clear()
             wrote.clear()
@@ -444,10 +445,12 @@ class TopicReconciler:
         await self.event(topic, "Warning", "LayoutRebuilt", message)
         return topic, written
 
-    async def _initialize(self, topic: Body, spec: ScalableTopicSpec) -> tuple[Body, SegmentLayout]:
+    async def _initialize(
+        self, topic: JsonObj, spec: ScalableTopicSpec
+    ) -> tuple[JsonObj, SegmentLayout]:
         layout = SegmentLayout.initial(spec.initial_segments)
 
-        def change(status: dict[str, Any], obj: Body) -> None:
+        def change(status: dict[str, Any], obj: JsonObj) -> None:
             if (status or {}).get("layout"):
                 return
             put_layout(status, layout)
@@ -462,7 +465,7 @@ class TopicReconciler:
         return topic, layout_of(topic) or layout
 
     def _buckets(
-        self, topic: Body, layout: SegmentLayout, spec: ScalableTopicSpec
+        self, topic: JsonObj, layout: SegmentLayout, spec: ScalableTopicSpec
     ) -> dict[int, int]:
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         known = self.cache.segment_buckets(ns, name)
@@ -476,7 +479,12 @@ class TopicReconciler:
             return {sid: known.get(sid, 1) for sid in layout.segments}
 
     async def _ensure_segments(
-        self, topic: Body, layout: SegmentLayout, spec: ScalableTopicSpec, *, recover: bool = True
+        self,
+        topic: JsonObj,
+        layout: SegmentLayout,
+        spec: ScalableTopicSpec,
+        *,
+        recover: bool = True,
     ) -> None:
         """Every segment of the layout exists where it should (Active on its broker, with the
         spec's subscriptions) or is marked Sealed; segments no longer in the DAG are deleted
@@ -555,11 +563,11 @@ class TopicReconciler:
             raise SegmentsUnavailable(pending, "; ".join(failures))
         await self._remove_orphans(topic, layout)
 
-    def _segments_of(self, ns: str, name: str) -> Mapping[int, Body]:
+    def _segments_of(self, ns: str, name: str) -> Mapping[int, JsonObj]:
         return self.cache.segments.get((ns, name), {})
 
     async def _recover_segments(
-        self, topic: Body, layout: SegmentLayout, missing: list[int]
+        self, topic: JsonObj, layout: SegmentLayout, missing: list[int]
     ) -> None:
         """Write the Segment of each segment in ``missing`` that a broker still holds, naming
         that broker. Raises ``SegmentsUnavailable`` while a broker does not answer (it may hold
@@ -587,7 +595,7 @@ class TopicReconciler:
             f"Segments written again from their brokers: {where}",
         )
 
-    async def _record_epochs(self, ns: str, name: str, info: SegmentInfo, seg: Body) -> None:
+    async def _record_epochs(self, ns: str, name: str, info: SegmentInfo, seg: JsonObj) -> None:
         """Keep the layout's epochs of the segment on its Segment: a lost layout is rebuilt from
         the Segments, with an epoch above every recorded one (``core.rebuild``)."""
         status = seg.get("status") or {}
@@ -602,7 +610,7 @@ class TopicReconciler:
         )
         self.cache.put_segment(updated)
 
-    async def _remove_orphans(self, topic: Body, layout: SegmentLayout) -> None:
+    async def _remove_orphans(self, topic: JsonObj, layout: SegmentLayout) -> None:
         """Delete the segments the DAG had and pruned (``core.rebuild.orphans``: an id below
         ``nextSegmentId`` that is no longer in the layout): on their broker first, then the
         Segment resource, which is the record of where the data lives until the broker has let
@@ -650,7 +658,7 @@ class TopicReconciler:
 
     async def _sync_subscriptions(
         self,
-        topic: Body,
+        topic: JsonObj,
         segment_id: int,
         status: Mapping[str, Any],
         subscriptions: list[tuple[str, str]],
@@ -674,8 +682,8 @@ class TopicReconciler:
     # -- retention and controller-observed drains ---------------------------------------------
 
     async def _retain(
-        self, topic: Body, layout: SegmentLayout, spec: ScalableTopicSpec
-    ) -> tuple[Body, SegmentLayout, float | None]:
+        self, topic: JsonObj, layout: SegmentLayout, spec: ScalableTopicSpec
+    ) -> tuple[JsonObj, SegmentLayout, float | None]:
         """Feed drains seen in broker stats to the consumer hub, and prune the sealed segments
         retention lets go (``core.retention``; docs/operator.md, "Retention and drains").
 
@@ -781,7 +789,7 @@ class TopicReconciler:
                 chosen.append(sid)
         return chosen
 
-    async def _check(self, topic: Body, segment_ids: list[int], streams: set[str]) -> None:
+    async def _check(self, topic: JsonObj, segment_ids: list[int], streams: set[str]) -> None:
         """Read the stats of ``segment_ids`` from their brokers (a few at a time) and remember
         them for this round; a broker that cannot answer leaves what was known before."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
@@ -819,13 +827,13 @@ class TopicReconciler:
 
     async def _prune(
         self,
-        topic: Body,
+        topic: JsonObj,
         layout: SegmentLayout,
         sealed_at: Mapping[int, float],
         drained: set[int],
         retention: RetentionRule | None,
         sizes: Mapping[int, int],
-    ) -> tuple[Body, SegmentLayout]:
+    ) -> tuple[JsonObj, SegmentLayout]:
         """CAS the pruned layout (the decision is made again on the layout read for the write),
         then delete the pruned segments from their brokers and as resources."""
         meta = topic["metadata"]
@@ -833,7 +841,7 @@ class TopicReconciler:
         now = self.clock()
         pruned: list[SegmentInfo] = []
 
-        def change(status: dict[str, Any], obj: Body) -> None:
+        def change(status: dict[str, Any], obj: JsonObj) -> None:
             pruned.clear()
             current = layout_of(obj)
             if status.get("operation") or current is None:
@@ -865,7 +873,7 @@ class TopicReconciler:
         await self._remove_orphans(topic, layout)
         return topic, layout
 
-    async def _manual_request(self, topic: Body, layout: SegmentLayout) -> Body:
+    async def _manual_request(self, topic: JsonObj, layout: SegmentLayout) -> JsonObj:
         annotations = topic["metadata"].get("annotations") or {}
         raw = annotations.get(ANNOTATION_REQUEST)
         if not raw:
@@ -921,7 +929,7 @@ class TopicReconciler:
 
     def plan(
         self,
-        topic: Body,
+        topic: JsonObj,
         layout: SegmentLayout,
         op: str,
         segments: list[int],
@@ -965,11 +973,11 @@ class TopicReconciler:
             return plan_rebucket(op_id, layout, segments, buckets=buckets or 1, **fields)
         raise ValueError(f"unknown operation {op!r}")
 
-    async def _reject(self, topic: Body, request_id: str, op: str, message: str) -> Body:
+    async def _reject(self, topic: JsonObj, request_id: str, op: str, message: str) -> JsonObj:
         meta = topic["metadata"]
         now = format_time(self.clock())
 
-        def change(status: dict[str, Any], obj: Body) -> None:
+        def change(status: dict[str, Any], obj: JsonObj) -> None:
             remember_request(status)
             status["lastRequest"] = {
                 "id": request_id,
@@ -986,7 +994,7 @@ class TopicReconciler:
         await self.event(topic, "Warning", "RequestRejected", f"request {request_id}: {message}")
         return topic
 
-    async def _already_handled(self, topic: Body, handled: Mapping[str, Any]) -> Body:
+    async def _already_handled(self, topic: JsonObj, handled: Mapping[str, Any]) -> JsonObj:
         """A request id found in the history was applied again: it is not executed again, and
         ``lastRequest`` reports it with its original outcome (which also keeps later passes from
         reporting it twice)."""
@@ -996,7 +1004,7 @@ class TopicReconciler:
         when = handled.get("completedAt") or "an unknown time"
         note = f"already handled ({result} at {when}), not executed again"
 
-        def change(status: dict[str, Any], obj: Body) -> None:
+        def change(status: dict[str, Any], obj: JsonObj) -> None:
             remember_request(status)
             message = f"{note}: {handled.get('message') or ''}".rstrip(": ")
             status["lastRequest"] = {**dict(handled), "message": message[:1024]}
@@ -1011,7 +1019,7 @@ class TopicReconciler:
 
     async def _not_ready(
         self,
-        topic: Body,
+        topic: JsonObj,
         reason: str,
         message: str,
         *,
@@ -1025,7 +1033,7 @@ class TopicReconciler:
         generation = meta.get("generation")
         previous = get_condition((topic.get("status") or {}).get("conditions"), ConditionType.READY)
 
-        def change(status: dict[str, Any], obj: Body) -> None:
+        def change(status: dict[str, Any], obj: JsonObj) -> None:
             conditions = status.get("conditions") or []
             conditions = set_condition(
                 conditions, condition(ConditionType.READY, False, reason, message, generation)
@@ -1064,8 +1072,8 @@ class TopicReconciler:
             await self.event(topic, "Warning", reason, message)
 
     async def _write_status(
-        self, topic: Body, layout: SegmentLayout, problem: tuple[str, str] | None = None
-    ) -> Body:
+        self, topic: JsonObj, layout: SegmentLayout, problem: tuple[str, str] | None = None
+    ) -> JsonObj:
         """The level-based status; ``problem`` (reason, message) is a spec error that needs a
         human: Ready=False and Stalled=True with it, everything else as usual."""
         meta = topic["metadata"]
@@ -1101,7 +1109,7 @@ class TopicReconciler:
             ready_reason, ready_message = problem
             stalled = (True, problem[0], problem[1])
 
-        def change(status: dict[str, Any], obj: Body) -> None:
+        def change(status: dict[str, Any], obj: JsonObj) -> None:
             conditions = status.get("conditions") or []
             conditions = set_condition(
                 conditions,
@@ -1136,7 +1144,7 @@ class TopicReconciler:
 
         return await update_topic_status(self.kube, ns, name, change, topic=topic)
 
-    async def _finalize(self, topic: Body) -> None:
+    async def _finalize(self, topic: JsonObj) -> None:
         meta = topic["metadata"]
         ns, name = meta["namespace"], meta["name"]
         if FINALIZER not in (meta.get("finalizers") or []):

@@ -16,12 +16,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..brokeradmin import AdminError
+from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
 from ..core.rebuild import BrokerReport, broker_report
 from ..core.resources import TOPIC_KIND, format_time, segment_name, topic_owner_reference
 from .brokers import BrokerAdmin
 from .cache import ANNOTATION_BROKER, TopicCache, recorded_broker
-from .kube import Body, KubeApi
+from .kube import KubeApi
 from .protocol import segment_body
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class BrokersUnanswered(Exception):
 
 
 async def broker_reports(
-    brokers: BrokerAdmin, cache: TopicCache, namespace: str, topic: str, segments: Iterable[Body]
+    brokers: BrokerAdmin, cache: TopicCache, namespace: str, topic: str, segments: Iterable[JsonObj]
 ) -> list[BrokerReport]:
     """What every known broker pod holds of the topic (the seals' successors included).
 
@@ -71,7 +72,9 @@ async def broker_reports(
     return reports
 
 
-async def adopt(kube: KubeApi, cache: TopicCache, topic: Body, segments: Iterable[Body]) -> int:
+async def adopt(
+    kube: KubeApi, cache: TopicCache, topic: JsonObj, segments: Iterable[JsonObj]
+) -> int:
     """Make the topic the controller owner of its Segments where another uid is (a re-created
     topic); returns how many were taken over."""
     meta = topic["metadata"]
@@ -101,7 +104,7 @@ async def adopt(kube: KubeApi, cache: TopicCache, topic: Body, segments: Iterabl
 async def write_missing_segments(
     kube: KubeApi,
     cache: TopicCache,
-    topic: Body,
+    topic: JsonObj,
     layout: SegmentLayout,
     reports: Mapping[int, BrokerReport],
 ) -> None:
@@ -144,7 +147,7 @@ async def write_missing_segments(
 
 
 async def record_epoch(
-    kube: KubeApi, cache: TopicCache, segments: Iterable[Body], epoch: int
+    kube: KubeApi, cache: TopicCache, segments: Iterable[JsonObj], epoch: int
 ) -> None:
     """Write ``epoch`` as ``status.recordedAtEpoch`` on each of ``segments`` (where it is not
     there yet): a rebuilt layout's epoch is recorded nowhere else, and a later rebuild from these

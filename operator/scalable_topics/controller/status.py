@@ -10,14 +10,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.dagview import render_dag
+from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
 from ..core.resources import layout_status
 from . import metrics
-from .kube import Body, Conflict, KubeApi, NotFound
+from .kube import Conflict, KubeApi, NotFound
 
 log = logging.getLogger(__name__)
 
-StatusChange = Callable[[dict[str, Any], Body], None]
+StatusChange = Callable[[dict[str, Any], JsonObj], None]
 """Mutates the status dict in place; gets the whole (fresh) object to look at."""
 
 _VOLATILE = ("lastTransitionTime",)
@@ -53,9 +54,9 @@ async def update_topic_status(
     name: str,
     change: StatusChange,
     *,
-    topic: Body | None = None,
+    topic: JsonObj | None = None,
     attempts: int = 8,
-) -> Body:
+) -> JsonObj:
     """Apply ``change`` to the topic's status with CAS; returns the object as last written/read.
 
     ``topic`` is an already-fresh copy to try first (saves a read when the caller has one).

@@ -24,6 +24,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from ..brokeradmin import AdminError
+from ..core.jsontypes import JsonObj
 from ..core.resources import ManualRequest, format_time, remember_request
 from ..core.transfer import (
     Action,
@@ -41,7 +42,7 @@ from ..transferadmin import TransferAdmin, copy
 from .brokers import BrokerAdmin, BrokerPod, choose_broker
 from .cache import TopicCache, recorded_broker
 from .faults import crash_after, fault_point
-from .kube import Body, Conflict, KubeApi
+from .kube import Conflict, KubeApi
 from .status import update_topic_status
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ CATCH_UP_PASSES = 8
 MAX_STEPS = 64
 RETRY_AFTER = 2.0
 
-EventSink = Callable[[Body, str, str, str], Awaitable[None]]
+EventSink = Callable[[JsonObj, str, str, str], Awaitable[None]]
 Requeue = Callable[[tuple[str, str], float], None]
 
 
@@ -106,7 +107,7 @@ class TransferExecutor:
 
     # -- entry points --------------------------------------------------------------------------
 
-    async def start(self, topic: Body, request: ManualRequest) -> Body:
+    async def start(self, topic: JsonObj, request: ManualRequest) -> JsonObj:
         """Record a manual move and drive it; :class:`MoveRejected` when it cannot start."""
         meta = topic["metadata"]
         ns, name = meta["namespace"], meta["name"]
@@ -151,15 +152,15 @@ class TransferExecutor:
 
     async def _begin(
         self,
-        topic: Body,
-        segment: Body,
+        topic: JsonObj,
+        segment: JsonObj,
         source: Endpoint,
         destination: BrokerPod,
         *,
         trigger: str,
         reason: str,
         request_id: str | None = None,
-    ) -> Body:
+    ) -> JsonObj:
         sid = int(segment["spec"]["segmentId"])
         transfer = Transfer(
             id=f"move-{uuid.uuid4().hex[:8]}",
@@ -186,7 +187,7 @@ class TransferExecutor:
         self._crash_point("transfer-recorded")
         return await self.drive(topic, sid)
 
-    async def drain(self, topic: Body) -> Body:
+    async def drain(self, topic: JsonObj) -> JsonObj:
         """Move every segment of the topic off the cordoned (draining) broker pods, each to
         the least loaded ready broker that is not draining; then announce, once, each
         draining pod that no Segment names any more (``Drained`` event on the pod)."""
@@ -235,7 +236,7 @@ class TransferExecutor:
                 log.info("broker %s is drained", pod)
         return topic
 
-    async def resume(self, topic: Body) -> Body:
+    async def resume(self, topic: JsonObj) -> JsonObj:
         """Drive every transfer of the topic found in its Segments (a new leader's pass)."""
         meta = topic["metadata"]
         for sid, segment in sorted(
@@ -245,7 +246,7 @@ class TransferExecutor:
                 topic = await self.drive(topic, sid)
         return topic
 
-    async def shed(self, topic: Body) -> Body:
+    async def shed(self, topic: JsonObj) -> JsonObj:
         """Load shedding: when a broker's load stays above the mean (``core.transfer``'s
         ``choose_shed``, over every Active segment the cache knows, one move at a time, a
         cooldown between moves), move its hottest movable segment if it is this topic's."""
@@ -290,17 +291,17 @@ class TransferExecutor:
 
     # -- the loop -------------------------------------------------------------------------------
 
-    def _segment(self, topic: Body, sid: int) -> Body | None:
+    def _segment(self, topic: JsonObj, sid: int) -> JsonObj | None:
         meta = topic["metadata"]
         return self.cache.segments.get((meta["namespace"], meta["name"]), {}).get(sid)
 
-    def _admin(self, topic: Body, endpoint: Endpoint, sid: int) -> TransferAdmin:
+    def _admin(self, topic: JsonObj, endpoint: Endpoint, sid: int) -> TransferAdmin:
         pod = self.cache.brokers.get(endpoint.pod)
         url = pod.url if pod is not None else endpoint.url
         meta = topic["metadata"]
         return TransferAdmin(self.brokers.at(url), meta["namespace"], meta["name"], sid)
 
-    async def _view(self, topic: Body, transfer: Transfer) -> tuple[BrokerView, BrokerView]:
+    async def _view(self, topic: JsonObj, transfer: Transfer) -> tuple[BrokerView, BrokerView]:
         views = []
         for endpoint, fence_key in ((transfer.source, "releasing"), (transfer.destination, None)):
             pod = self.cache.brokers.get(endpoint.pod)
@@ -332,7 +333,7 @@ class TransferExecutor:
             )
         return views[0], views[1]
 
-    async def drive(self, topic: Body, sid: int) -> Body:
+    async def drive(self, topic: JsonObj, sid: int) -> JsonObj:
         """Take steps until the transfer ends or has to wait for a broker."""
         catch_up = 0
         for _ in range(MAX_STEPS):
@@ -371,8 +372,8 @@ class TransferExecutor:
         return topic
 
     async def _execute(
-        self, topic: Body, segment: Body, transfer: Transfer, action: Action
-    ) -> Body:
+        self, topic: JsonObj, segment: JsonObj, transfer: Transfer, action: Action
+    ) -> JsonObj:
         sid = transfer.segment_id
         source = self._admin(topic, transfer.source, sid)
         destination = self._admin(topic, transfer.destination, sid)
@@ -426,7 +427,7 @@ class TransferExecutor:
             return await self._finish(topic, segment, transfer)
         return topic
 
-    async def _finish(self, topic: Body, segment: Body, transfer: Transfer) -> Body:
+    async def _finish(self, topic: JsonObj, segment: JsonObj, transfer: Transfer) -> JsonObj:
         await self._write(segment, {"transfer": None})
         fenced_at = self._fenced_at.pop(transfer.id, None)
         window = "" if fenced_at is None else f", fenced {time.monotonic() - fenced_at:.3f} s"
@@ -449,11 +450,11 @@ class TransferExecutor:
             return topic
         return await self._report(topic, transfer.request_id, result, message)
 
-    async def _report(self, topic: Body, request_id: str, result: str, message: str) -> Body:
+    async def _report(self, topic: JsonObj, request_id: str, result: str, message: str) -> JsonObj:
         meta = topic["metadata"]
         now = format_time(self.clock())
 
-        def change(status: dict[str, Any], obj: Body) -> None:
+        def change(status: dict[str, Any], obj: JsonObj) -> None:
             remember_request(status)
             status["lastRequest"] = {
                 "id": request_id,
@@ -467,7 +468,7 @@ class TransferExecutor:
             self.kube, meta["namespace"], meta["name"], change, topic=topic
         )
 
-    async def _write(self, segment: Body, status: Body) -> None:
+    async def _write(self, segment: JsonObj, status: JsonObj) -> None:
         """CAS on the Segment: the write carries the resourceVersion it was read at."""
         meta = segment["metadata"]
         updated = await self.kube.patch_segment_status(

@@ -28,9 +28,9 @@ from urllib.parse import urlsplit
 import aiohttp
 import yaml
 
+from ..core.jsontypes import JsonObj
 from .controlplane import SERVICE_CIDR, component_env
 from .podspec import (
-    JsonObj,
     Mount,
     PodLayout,
     PodSpecError,

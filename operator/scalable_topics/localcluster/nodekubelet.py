@@ -27,10 +27,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from ..core.jsontypes import JsonObj
 from .controlplane import KUBELET_CLIENT_USER, ControlPlane
 from .kubelet import HOST_IP, NODES, NodeAgent
 from .processes import BackOff
-from .restclient import PODS, ApiError, Informer, JsonObj, Resource, client_from_kubeconfig
+from .restclient import PODS, ApiError, Informer, Resource, client_from_kubeconfig
 
 log = logging.getLogger(__name__)
 

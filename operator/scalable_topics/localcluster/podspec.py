@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-JsonObj = dict[str, Any]
+from ..core.jsontypes import JsonObj
 
 
 class PodSpecError(Exception):

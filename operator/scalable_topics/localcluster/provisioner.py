@@ -21,7 +21,8 @@ from pathlib import Path
 
 import aiohttp
 
-from .podspec import JsonObj, PodLayout
+from ..core.jsontypes import JsonObj
+from .podspec import PodLayout
 from .restclient import PVCS, ApiError, Informer, Resource, RestClient
 
 log = logging.getLogger(__name__)

@@ -25,9 +25,9 @@ from urllib.parse import quote
 import aiohttp
 import yaml
 
-log = logging.getLogger(__name__)
+from ..core.jsontypes import JsonObj
 
-JsonObj = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
