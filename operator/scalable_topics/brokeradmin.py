@@ -10,10 +10,11 @@ replay any step of an operation.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 
+from .core.wire import Successor
 from .credentials import tls_connector
 
 ADMIN_PREFIX = "/admin/v1/segments"
@@ -29,13 +30,6 @@ class AdminError(Exception):
         self.status = status
         self.code = code
         self.message = message
-
-
-class SuccessorLike(Protocol):
-    """A successor of a sealed segment as ``terminate`` sends it: ``{segmentId, range,
-    brokerUrl}``."""
-
-    def to_json(self) -> dict[str, Any]: ...
 
 
 def http_base(url: str) -> str:
@@ -142,7 +136,7 @@ class SegmentAdmin:
         namespace: str,
         topic: str,
         segment_id: int,
-        successors: Sequence[SuccessorLike] = (),
+        successors: Sequence[Successor] = (),
     ) -> dict[str, Any]:
         """Seal (idempotent); producers are redirected to ``successors`` without a lookup.
         Returns ``{"sealed", "lastPosition", "successors", "sealedAt"}``."""

@@ -7,11 +7,11 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scalable_topics.client.routing import RoutingTable, SuccessorInfo, plan_entries
+from scalable_topics.client.routing import RoutingTable, plan_entries
 from scalable_topics.core.hashing import bucket_hash, segment_hash
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.sessions import DagMessage, dag_message
-from scalable_topics.core.wire import bucket_of
+from scalable_topics.core.wire import Successor, bucket_of
 
 
 def _dag(layout: SegmentLayout) -> DagMessage:
@@ -25,9 +25,9 @@ def _dag(layout: SegmentLayout) -> DagMessage:
     )
 
 
-def _successors(layout: SegmentLayout, ids: list[int]) -> list[SuccessorInfo]:
+def _successors(layout: SegmentLayout, ids: list[int]) -> list[Successor]:
     return [
-        SuccessorInfo(i, layout.segments[i].hash_range.start, layout.segments[i].hash_range.end)
+        Successor(i, layout.segments[i].hash_range.start, layout.segments[i].hash_range.end)
         for i in ids
     ]
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from scalable_topics.controller.brokers import BrokerAdmin, Successor
+from scalable_topics.controller.brokers import BrokerAdmin
 from scalable_topics.controller.cache import TopicCache, recorded_broker
 from scalable_topics.controller.kube import KubeApi, NotFound
 from scalable_topics.controller.protocol import OperationExecutor, segment_body
@@ -32,6 +32,7 @@ from scalable_topics.core.jsontypes import JsonObj
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.policy import AutoScalePolicy
 from scalable_topics.core.resources import parse_topic_spec, segment_name
+from scalable_topics.core.wire import Successor
 from segment_broker.testing import RunningBroker, running_broker
 
 NAMESPACE = "recovery-test"
@@ -169,7 +170,10 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
             NAMESPACE,
             TOPIC,
             1,
-            [Successor(c.segment_id, c.hash_range, first.url) for c in children],
+            [
+                Successor(c.segment_id, c.hash_range.start, c.hash_range.end, first.url)
+                for c in children
+            ],
         )
         try:
             yield world

@@ -42,7 +42,7 @@ from scalable_topics.credentials import client_session
 
 from .dag import Backoff, DagWatcher, TopicNotFoundError
 from .model import MessageId
-from .routing import RoutingTable, SuccessorInfo, plan_entries
+from .routing import RoutingTable, plan_entries
 from .segment import (
     AccessDeniedError,
     ConnectionClosedError,
@@ -650,9 +650,7 @@ class ScalableTopicProducer:
         link.pending = 0
         if self._links.get(link.segment_id) is link:
             del self._links[link.segment_id]
-        successors = [
-            SuccessorInfo(s.segment_id, s.start, s.end, s.broker_url) for s in sealed.successors
-        ]
+        successors = sealed.successors
         self._table.seal(link.segment_id, successors)
         self.reroutes += 1
         # Connect to every successor now, not when its first message comes: the connection

@@ -28,12 +28,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from scalable_topics.core.sessions import DagMessage
-from scalable_topics.core.wire import bucket_of
+from scalable_topics.core.wire import Successor, bucket_of
 
 __all__ = [
     "Route",
     "RoutingTable",
-    "SuccessorInfo",
     "plan_entries",
 ]
 
@@ -50,20 +49,12 @@ class Route:
         return self.start <= hash_value <= self.end
 
 
-@dataclass(frozen=True, slots=True)
-class SuccessorInfo:
-    segment_id: int
-    start: int
-    end: int
-    broker_url: str | None = None
-
-
 class RoutingTable:
     """Active segments as the producer knows them (see the module docstring)."""
 
     def __init__(self) -> None:
         self._dag: DagMessage | None = None
-        self._seals: dict[int, tuple[SuccessorInfo, ...]] = {}
+        self._seals: dict[int, tuple[Successor, ...]] = {}
         self._urls: dict[int, str] = {}
         self._buckets: dict[int, int] = {}
         self._pinned: dict[int, Route] = {}
@@ -100,7 +91,7 @@ class RoutingTable:
             if segment_id in present:
                 del self._pinned[segment_id]
 
-    def seal(self, segment_id: int, successors: Sequence[SuccessorInfo]) -> None:
+    def seal(self, segment_id: int, successors: Sequence[Successor]) -> None:
         """Segment ``segment_id`` was sealed with these successors (from ``SEALED``)."""
         self._seals[segment_id] = tuple(successors)
         for s in successors:

@@ -31,7 +31,7 @@ import aiohttp
 from scalable_topics.brokeradmin import AdminError, SegmentAdmin
 from scalable_topics.core import auth, transfer, wire
 from scalable_topics.core.hashing import bucket_hash
-from scalable_topics.core.wire import EntryHeader, Message
+from scalable_topics.core.wire import EntryHeader, Message, Successor
 from scalable_topics.credentials import (
     TLS_VERIFICATION_FAILED,
     client_session,
@@ -72,30 +72,6 @@ class SegmentError(Exception):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
-
-
-@dataclass(frozen=True)
-class Successor:
-    segment_id: int
-    start: int
-    end: int
-    broker_url: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "segmentId": self.segment_id,
-            "range": {"start": self.start, "end": self.end},
-            "brokerUrl": self.broker_url,
-        }
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> Successor:
-        return cls(
-            segment_id=int(body["segmentId"]),
-            start=int(body["range"]["start"]),
-            end=int(body["range"]["end"]),
-            broker_url=body.get("brokerUrl"),
-        )
 
 
 @dataclass(frozen=True)

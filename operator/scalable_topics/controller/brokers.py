@@ -12,7 +12,6 @@ from typing import Any
 import aiohttp
 
 from ..brokeradmin import AdminError, SegmentAdmin
-from ..core.layout import HashRange
 from ..credentials import TokenFile, client_session, tls_connector
 
 log = logging.getLogger(__name__)
@@ -42,20 +41,6 @@ class BrokerPod:
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},
-        }
-
-
-@dataclass(frozen=True)
-class Successor:
-    segment_id: int
-    hash_range: HashRange
-    broker_url: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "segmentId": self.segment_id,
-            "range": self.hash_range.to_dict(),
-            "brokerUrl": self.broker_url,
         }
 
 

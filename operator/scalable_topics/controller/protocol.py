@@ -42,8 +42,9 @@ from ..core.resources import (
     segment_name,
     topic_owner_reference,
 )
+from ..core.wire import Successor
 from . import metrics
-from .brokers import BrokerAdmin, Successor, broker_unavailable, choose_broker
+from .brokers import BrokerAdmin, broker_unavailable, choose_broker
 from .cache import ANNOTATION_BROKER, TopicCache, layout_of, recorded_broker
 from .faults import crash_after, fault_point
 from .kube import KubeApi
@@ -357,7 +358,12 @@ class OperationExecutor:
         seals = []
         for parent in operation.parents:
             successors = [
-                Successor(c.segment_id, c.hash_range, urls.get(c.segment_id, ""))
+                Successor(
+                    c.segment_id,
+                    c.hash_range.start,
+                    c.hash_range.end,
+                    urls.get(c.segment_id, ""),
+                )
                 for c in operation.children
                 if parent in c.parent_ids
             ]

@@ -564,6 +564,34 @@ def encode_entry_error(sequence_id: int, code: str, message: str) -> bytes:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Successor:
+    """A segment that continues a sealed one: ``{segmentId, range: {start, end}, brokerUrl}``,
+    as the controller's ``terminate`` hands it to the broker and the broker's SEALED frame hands
+    it to producers. ``broker_url`` is ``None`` while the successor is not placed."""
+
+    segment_id: int
+    start: int
+    end: int
+    broker_url: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "segmentId": self.segment_id,
+            "range": {"start": self.start, "end": self.end},
+            "brokerUrl": self.broker_url,
+        }
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> Successor:
+        return cls(
+            segment_id=int(body["segmentId"]),
+            start=int(body["range"]["start"]),
+            end=int(body["range"]["end"]),
+            broker_url=body.get("brokerUrl"),
+        )
+
+
 def encode_sealed(body: Mapping[str, Any]) -> bytes:
     return _json_frame(FRAME_SEALED, body)
 
