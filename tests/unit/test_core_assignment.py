@@ -131,6 +131,28 @@ def check_invariants(coordinator: SubscriptionCoordinator) -> None:
     assert all(not s.connected for s in restored.sessions().values())
 
 
+def check_frozen(
+    coordinator: SubscriptionCoordinator, before: dict[str, set[int]], grace_before: set[str]
+) -> None:
+    """A consumer in its grace period (before and after an event) is frozen: it loses only
+    drained or pruned segments, and gains segments only when no consumer is connected - or,
+    when no connected consumer is idle, buckets of its own segment that a helper gave up (the
+    seed: a vanished consumer holds its buckets during its grace period, and only then)."""
+    sessions = coordinator.sessions()
+    connected = coordinator.connected()
+    idle = [
+        n for n in connected if not any(s.consumable for s in coordinator.assignment(n).segments)
+    ]
+    for name in grace_before:
+        if name in sessions and not sessions[name].connected:
+            now_held = held(coordinator, name)
+            assert not (before[name] - now_held) & coordinator.tracked(), name
+            gained = now_held - before[name]
+            if connected and gained:
+                assert not idle, (name, gained, idle)
+                assert all(coordinator.owner_of(s) == name for s in gained), (name, gained)
+
+
 def check_result(
     result: CoordinatorResult,
     before: dict[str, set[int]],
@@ -478,6 +500,64 @@ def test_round_robin_keeps_slots_for_consumers_in_grace() -> None:
 # -- persistence -----------------------------------------------------------------------------
 
 
+def _merged_then_split(grace_period: float = 60.0) -> SubscriptionCoordinator:
+    """The layout of the Hypothesis counterexample CI failed on (issue 14): 3 segments merged
+    into one (4, parents 3 and 2, 3's parents 0 and 1), consumers a and b, then 4 split into
+    5 and 6. ``b`` takes sealed segment 0 over from ``a`` (a helper) and is given child 6."""
+    coordinator = SubscriptionCoordinator(SegmentLayout.initial(3), grace_period=grace_period)
+    layout = coordinator.layout.merge(0, 1)
+    coordinator.layout_changed(layout, 0.0)
+    layout = layout.merge(3, 2)
+    coordinator.layout_changed(layout, 0.0)
+    coordinator.register("a", 0.0)
+    coordinator.register("b", 0.0)
+    coordinator.layout_changed(layout.split(4), 0.0)
+    assert held(coordinator, "b") == {0, 6} and coordinator.owner_of(0) == "a"
+    return coordinator
+
+
+def test_helper_in_grace_keeps_its_share_when_its_own_child_becomes_consumable() -> None:
+    coordinator = _merged_then_split()
+    coordinator.disconnect("b", 1.0)
+    before = {n: held(coordinator, n) for n in ("a", "b")}
+    coordinator.layout_changed(coordinator.layout.prune(4), 2.0)
+    assert coordinator.is_consumable(6)
+    assert held(coordinator, "b") == {0, 6}  # frozen: nothing tracked is taken from it
+    check_frozen(coordinator, before, {"b"})
+    check_invariants(coordinator)
+    coordinator.register("b", 3.0)  # back: a consumer with a segment of its own helps no more
+    assert 0 not in held(coordinator, "b") and 6 in held(coordinator, "b")
+    assert coordinator.withheld() == {}  # a whole segment going back to its primary
+    assert 0 in held(coordinator, "a")
+
+
+def test_primary_in_grace_gets_its_segment_back_only_when_nobody_connected_is_idle() -> None:
+    coordinator = _merged_then_split()
+    coordinator.disconnect("a", 1.0)
+    before = {n: held(coordinator, n) for n in ("a", "b")}
+    coordinator.layout_changed(coordinator.layout.prune(4), 2.0)
+    # b reads its own child 6 now; nobody connected is idle, so segment 0 returns to a
+    assert held(coordinator, "b") == {6} and 0 in held(coordinator, "a")
+    check_frozen(coordinator, before, {"a"})
+    check_invariants(coordinator)
+
+
+def test_share_of_a_primary_in_grace_goes_to_an_idle_consumer_when_its_helper_leaves() -> None:
+    coordinator = SubscriptionCoordinator(SegmentLayout.initial(2), grace_period=60.0)
+    coordinator.layout_changed(coordinator.layout.merge(0, 1), 0.0)
+    for name in ("a", "b", "c"):
+        coordinator.register(name, 0.0)
+    assert coordinator.owner_of(0) == "a" and held(coordinator, "b") == {0}
+    assert held(coordinator, "c") == set()
+    coordinator.disconnect("a", 1.0)
+    before = {n: held(coordinator, n) for n in ("a", "b", "c")}
+    coordinator.unregister("b", 2.0)
+    assert held(coordinator, "c") == {0}  # not back to the frozen a while c sits idle
+    assert held(coordinator, "a") == before["a"]
+    check_frozen(coordinator, before, {"a"})
+    check_invariants(coordinator)
+
+
 def test_status_round_trip_and_new_leader_grace() -> None:
     coordinator = SubscriptionCoordinator(SegmentLayout.initial(4))
     for name in ("a", "b"):
@@ -639,15 +719,7 @@ class CoordinatorMachine(EventRules):
         if result.rejected is not None:
             assert result.changes == () or result.expired
         if self.strategy is AssignmentStrategy.STICKY:
-            # a consumer in its grace period is frozen: it loses only drained/pruned segments
-            # and gains segments only when no consumer is connected
-            sessions = coordinator.sessions()
-            for name in grace_before:
-                if name in sessions and not sessions[name].connected:
-                    now_held = held(coordinator, name)
-                    assert not (before[name] - now_held) & coordinator.tracked()
-                    if coordinator.connected():
-                        assert now_held <= before[name]
+            check_frozen(coordinator, before, grace_before)
         return result
 
     @precondition(lambda self: any(not s.active for s in self.coordinator.layout.segments.values()))

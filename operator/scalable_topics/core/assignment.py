@@ -45,6 +45,9 @@ Sessions: a disconnected consumer keeps its registration and its units for the g
 Under ``sticky`` (and for queues) its assignment is frozen meanwhile - nothing is taken from it
 and nothing new is given to it unless no consumer is connected - so a consumer returning within
 the grace period finds exactly what it left with (less what was drained or pruned meanwhile).
+One exception (stream, key-shared): when a helper gives up buckets of a segment whose primary
+is in its grace period and no connected consumer is idle to take them, they go back to that
+primary (its own segment; nobody reads them until it returns or its grace period ends).
 Under ``round-robin`` a consumer in its grace period keeps its slot in the name order, as in
 PIP-468.
 
@@ -1094,13 +1097,16 @@ class SubscriptionCoordinator(Coordinator[int]):
         counts = {s: self.bucket_count(s) for s in primary}
 
         # Shares still valid: of a consumable segment, owned by a registered consumer that is
-        # not the primary and has no consumable segment of its own (a frozen, disconnected
-        # helper keeps its shares).
+        # not the primary and has no consumable segment of its own. A helper in its grace
+        # period keeps its shares even when it got a consumable segment of its own meanwhile (a
+        # child whose parents were drained or pruned): it is frozen, and taking them would
+        # withhold them until it returns or its grace period ends anyway.
         shares: dict[Unit, str] = {}
         for (s, b), n in self._shares.items():
             valid = s in primary and b < counts[s] and n in sessions and n != primary[s]
-            if valid and n not in primary.values():
+            if valid and (n not in live or n not in primary.values()):
                 shares[(s, b)] = n
+        self._rehome_orphans(shares, primary, counts, live)
         # A helper reads one segment: keep the one where it has the most buckets.
         helping: dict[str, int] = {}
         for n in set(shares.values()):
@@ -1110,7 +1116,7 @@ class SubscriptionCoordinator(Coordinator[int]):
         # A segment all of whose buckets are with helpers was taken over from its primary.
         taken = {s for s in primary if sum(1 for u in shares if u[0] == s) == counts[s]}
         readers: dict[int, set[str]] = {s: set() if s in taken else {primary[s]} for s in primary}
-        for n, s in helping.items():
+        for (s, _), n in shares.items():
             readers[s].add(n)
 
         segments = self._layout.segments
@@ -1138,7 +1144,6 @@ class SubscriptionCoordinator(Coordinator[int]):
                 taken.add(best)
                 readers[best] = set()
             readers[best].add(n)
-            helping[n] = best
 
         effective: dict[Unit, str] = {}
         for s, owner in primary.items():
@@ -1175,6 +1180,29 @@ class SubscriptionCoordinator(Coordinator[int]):
             if (s, b) not in withheld:
                 held.setdefault(n, {}).setdefault(s, []).append(b)
         self._held = {n: {s: tuple(b) for s, b in by.items()} for n, by in held.items()}
+
+    def _rehome_orphans(
+        self,
+        shares: dict[Unit, str],
+        primary: Mapping[int, str],
+        counts: Mapping[int, int],
+        live: set[str],
+    ) -> None:
+        """Shares that stopped being valid (the helper left, or got a consumable segment of its
+        own) go back to the segment's primary - unless the primary is in its grace period: a
+        frozen consumer is given nothing while a consumer is connected, so they go to an idle
+        connected consumer (no consumable segment of its own, no share of another segment; the
+        one with the fewest shares). Only when there is none does the frozen primary take its
+        own segment's buckets back (nobody reads them until it returns or its grace period
+        ends)."""
+        for unit in sorted(self._shares):
+            s, b = unit
+            if unit in shares or s not in primary or primary[s] in live or b >= counts[s]:
+                continue
+            helped = {n: {u[0] for u, m in shares.items() if m == n} for n in live}
+            idle = [n for n in live if n not in primary.values() and helped[n] <= {s}]
+            if idle:
+                shares[unit] = min(idle, key=lambda n: (len(helped[n]), n))
 
     @staticmethod
     def _split(units: dict[Unit, str], names: list[str], giver: str | None) -> None:
