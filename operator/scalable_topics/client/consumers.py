@@ -483,7 +483,7 @@ class _ConsumerBase:
             if retry_after is not None:
                 await asyncio.sleep(retry_after)
             else:
-                await backoff.sleep()
+                await asyncio.sleep(backoff.delay())
 
     def _on_error(self, message: proto.ErrorMessage) -> None:
         if message.fatal and message.code in _FATAL_CODES:
@@ -699,11 +699,11 @@ class _ConsumerBase:
                 raise _NothingToRead(str(exc)) from None
             level = logging.DEBUG if exc.code in _WAITING_CODES else logging.INFO
             log.log(level, "segment %d: attach failed: %s", reader.segment_id, exc)
-            await backoff.sleep()
+            await asyncio.sleep(backoff.delay())
             return None
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             log.debug("segment %d: attach to %s failed: %s", reader.segment_id, url, exc)
-            await backoff.sleep()
+            await asyncio.sleep(backoff.delay())
             return None
         return consumer
 
@@ -770,7 +770,7 @@ class _ConsumerBase:
                     continue
                 if not quarantined:
                     backoff.reset()
-                await backoff.sleep()
+                await asyncio.sleep(backoff.delay())
         except asyncio.CancelledError:
             raise
         except Exception as exc:

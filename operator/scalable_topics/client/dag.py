@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Callable
 
 import aiohttp
 
+from scalable_topics.core.backoff import Backoff
 from scalable_topics.core.sessions import (
     CloseCode,
     DagMessage,
@@ -82,26 +82,6 @@ def http_url(url: str) -> str:
     if url.startswith("wss://"):
         return "https://" + url[len("wss://") :]
     return url
-
-
-class Backoff:
-    """Exponential backoff with full jitter, reset after a success."""
-
-    def __init__(self, initial: float = 0.05, maximum: float = 5.0) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self._next = initial
-
-    def reset(self) -> None:
-        self._next = self.initial
-
-    def delay(self) -> float:
-        value = random.uniform(self._next / 2, self._next)
-        self._next = min(self._next * 2, self.maximum)
-        return value
-
-    async def sleep(self) -> None:
-        await asyncio.sleep(self.delay())
 
 
 Listener = Callable[[DagMessage], None]
@@ -295,7 +275,7 @@ class DagWatcher:
                 self.connected = False
             if self._closed:
                 return
-            await backoff.sleep()
+            await asyncio.sleep(backoff.delay())
 
     def _gone(self, exc: TopicNotFoundError) -> bool:
         """Give up on the topic if ``exc`` settles it (see the class docstring)."""

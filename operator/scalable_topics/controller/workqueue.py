@@ -12,21 +12,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Hashable
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from ..core.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
-
-
-@dataclass(frozen=True)
-class Backoff:
-    base: float = 0.5
-    cap: float = 60.0
-
-    def delay(self, failures: int) -> float:
-        return float(min(self.cap, self.base * 2 ** max(0, failures - 1)))
 
 
 class WorkQueue(Generic[K]):
@@ -43,7 +35,7 @@ class WorkQueue(Generic[K]):
         self._clock = clock
         self._last_progress = clock()
         self._workers = workers
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff or Backoff(0.5, 60.0, jitter=False)
         self._name = name
         self._queue: asyncio.Queue[K] = asyncio.Queue()
         self._queued: set[K] = set()
@@ -148,7 +140,7 @@ class WorkQueue(Generic[K]):
             except Exception:
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
-                delay = self._backoff.delay(failures)
+                delay = self._backoff.delay_for(failures)
                 log.exception(
                     "%s: processing %s failed (%d); retry in %.1fs",
                     self._name,
