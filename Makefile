@@ -18,8 +18,18 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # The first run builds the Kubernetes binaries (kube-binaries; ~7 min, see README).
+# `make run CLUSTER=existing`: the demo on the cluster of $KUBECONFIG instead (CONTEXT=name,
+# OPERATOR_IMAGE=…, BROKER_IMAGE=…, OVERLAY=dir; README, "On a cluster of your own").
+ifeq ($(CLUSTER),existing)
+run: $(STAMP)
+	$(BIN)/python -m scalable_topics.cli.main demo --existing-cluster $(if $(CONTEXT),--context '$(CONTEXT)') $(if $(OPERATOR_IMAGE),--operator-image '$(OPERATOR_IMAGE)') $(if $(BROKER_IMAGE),--broker-image '$(BROKER_IMAGE)') $(if $(OVERLAY),--overlay '$(OVERLAY)')
+else ifeq ($(CLUSTER),)
 run: $(STAMP) kube-binaries
 	$(BIN)/python -m scalable_topics.cli.main demo --data-dir $(DATA_DIR)
+else
+run:
+	$(error CLUSTER=$(CLUSTER): the only value is CLUSTER=existing (or none: the local cluster))
+endif
 
 lint: $(STAMP)
 	$(BIN)/ruff check operator broker-image tests bench

@@ -252,6 +252,11 @@ TRUNCATE = (
     "embedded control plane lacks; tests/integration/test_operator_corruption.py makes the same "
     "admin call (SegmentAdmin.truncate) on a segment it corrupted"
 )
+OWN_CLUSTER = (
+    "a container engine and a kind cluster (none here); "
+    "tests/integration/test_demo_existing_cluster.py runs `stopic demo --existing-cluster` "
+    "against the local control plane as a cluster of your own"
+)
 NOT_RUN: dict[tuple[str, str], str] = {
     ("README.md", "make run"): (
         "the demo runs on .local/run, which this module's cluster (the same control plane, "
@@ -259,6 +264,21 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "tests/integration/test_demo_start_state.py covers the demo's start"
     ),
     ("README.md", "make test"): "the suite this test is part of",
+    ("README.md", "docker build -t scalable-topics/operator:dev ."): OWN_CLUSTER,
+    (
+        "README.md",
+        "docker build -f broker-image/Dockerfile -t scalable-topics/segment-broker:dev .",
+    ): OWN_CLUSTER,
+    (
+        "README.md",
+        "kind load docker-image scalable-topics/operator:dev scalable-topics/segment-broker:dev",
+    ): OWN_CLUSTER,
+    (
+        "README.md",
+        "make run CLUSTER=existing CONTEXT=kind-kind OPERATOR_IMAGE=scalable-topics/operator:dev "
+        "BROKER_IMAGE=scalable-topics/segment-broker:dev",
+    ): OWN_CLUSTER,
+    ("README.md", "kubectl delete namespace scalable-topics-demo"): OWN_CLUSTER,
     ("docs/correctness.md", ".venv/bin/pytest -s tests/integration/test_chaos.py"): (
         "part of this suite"
     ),

@@ -40,13 +40,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import itertools
+import json
 import os
 import shutil
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +90,90 @@ RAMP_STEP, RAMP_EVERY = 100.0, 5.0
 CONSUMER_EVERY = 8.0
 
 
+@dataclass
+class Ledger:
+    """What the demo's clients sent and received, by message number (``order <n> for <key>``):
+    none lost is every acknowledged number received; key order held is no number received for
+    the first time after a higher one of the same key. A message received again (a redelivery
+    after its segment moved to another consumer) counts once, as ``redelivered``."""
+
+    acked: set[int] = field(default_factory=set)
+    received: set[int] = field(default_factory=set)
+    last: dict[str, int] = field(default_factory=dict)
+    """Per key, the highest number received."""
+    redelivered: int = 0
+    out_of_order: int = 0
+    foreign: int = 0
+    """Messages not of the demo's form (someone else producing to the topic)."""
+
+    def received_message(self, key: str | None, value: bytes) -> None:
+        words = value.split()
+        if key is None or len(words) != 4 or words[0] != b"order" or not words[1].isdigit():
+            self.foreign += 1
+            return
+        number = int(words[1])
+        if number in self.received:
+            self.redelivered += 1
+            return
+        self.received.add(number)
+        if number < self.last.get(key, -1):
+            self.out_of_order += 1
+        else:
+            self.last[key] = number
+
+    def missing(self) -> int:
+        return len(self.acked - self.received)
+
+
+@dataclass
+class Outcome:
+    """What one run of the three phases showed (:meth:`Demo.drive`)."""
+
+    epochs: list[int]
+    """The topic's epoch at the start and after each phase that completed."""
+    sent: int
+    acked: int
+    failed: int
+    received: int
+    redelivered: int
+    out_of_order: int
+    lost: int
+    keys: int
+    verified: bool
+    """Whether the consumers read until every acknowledged message was received."""
+
+    def ok(self) -> bool:
+        return (
+            self.verified
+            and len(self.epochs) == 4
+            and self.acked > 0
+            and self.lost == 0
+            and self.out_of_order == 0
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Outcome:
+        return cls(**json.loads(text))
+
+    def report(self) -> list[str]:
+        phases = ["split on load", "split on consumers", "merged when cold"]
+        steps = [
+            f"{name} (epoch {a} -> {b})"
+            for name, a, b in zip(phases, self.epochs, self.epochs[1:], strict=False)
+        ]
+        order = "held" if self.out_of_order == 0 else f"BROKEN ({self.out_of_order} messages)"
+        return [
+            f"messages: sent {self.sent}, acknowledged {self.acked}, failed {self.failed}, "
+            f"received {self.received} ({self.redelivered} redelivered)",
+            f"lost: {self.lost}" + ("" if self.verified else " (not checked)"),
+            f"per-key order: {order} over {self.keys} keys",
+            f"DAG: {', '.join(steps) or 'no change'}",
+        ]
+
+
 def repo_root() -> Path:
     """The checkout the demo runs from (manifests and CRDs are read from it)."""
     here = Path(__file__).resolve()
@@ -104,21 +191,33 @@ class Demo:
         phase_timeout: float,
         progress_every: float = PROGRESS_EVERY,
         kubeconfig: Path | None = None,
+        namespace: str = NAMESPACE,
     ) -> None:
         self.data_dir = data_dir
         self.phase_timeout = phase_timeout
         self.progress_every = progress_every
-        self.root = repo_root()
+        self.namespace = namespace
+        """The demo topic's namespace."""
         self.stop = asyncio.Event()
         self.kubeconfig = kubeconfig or data_dir / "kubeconfig"
         self.kubectl_path: Path | None = None
+        self.context: str | None = None
+        """The kubeconfig's context kubectl uses (None: its current context)."""
         """The pinned kubectl (``LocalCluster.kubectl``), once the cluster runs."""
         self.sent = 0
         self.acked = 0
         self.consumed = 0
+        self.failed = 0
+        self.ledger = Ledger()
         self.rate = 0.0
         self.token_file: Path | None = None
         """The clients' token (:meth:`client_credentials`); None: anonymous."""
+
+    @property
+    def root(self) -> Path:
+        """The checkout (:func:`repo_root`); only the host side reads manifests from it, the
+        in-cluster load (``stopic demo-load``) runs from the image without one."""
+        return repo_root()
 
     def say(self, text: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
@@ -131,6 +230,7 @@ class Demo:
             kubectl,
             "--kubeconfig",
             str(self.kubeconfig),
+            *(("--context", self.context) if self.context else ()),
             *args,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -228,7 +328,7 @@ class Demo:
     async def topic_or_none(self, api: k8s.ApiClient) -> dict[str, Any] | None:
         try:
             result: dict[str, Any] = await k8s.CustomObjectsApi(api).get_namespaced_custom_object(
-                GROUP, VERSION, NAMESPACE, TOPIC_PLURAL, TOPIC
+                GROUP, VERSION, self.namespace, TOPIC_PLURAL, TOPIC
             )
         except k8s.ApiException as exc:
             if exc.status == 404:
@@ -239,12 +339,16 @@ class Demo:
     async def topic(self, api: k8s.ApiClient) -> dict[str, Any]:
         topic = await self.topic_or_none(api)
         if topic is None:
-            raise RuntimeError(f"topic {NAMESPACE}/{TOPIC} was deleted")
+            raise RuntimeError(f"topic {self.namespace}/{TOPIC} was deleted")
         return topic
 
     async def segments(self, api: k8s.ApiClient) -> list[dict[str, Any]]:
         listed = await k8s.CustomObjectsApi(api).list_namespaced_custom_object(
-            GROUP, VERSION, NAMESPACE, SEGMENT_PLURAL, label_selector=f"{LABEL_TOPIC}={TOPIC}"
+            GROUP,
+            VERSION,
+            self.namespace,
+            SEGMENT_PLURAL,
+            label_selector=f"{LABEL_TOPIC}={TOPIC}",
         )
         items: list[dict[str, Any]] = listed.get("items") or []
         return items
@@ -275,7 +379,7 @@ class Demo:
             return "storage is (re)initializing" not in out and "error" not in out.lower()
 
         await self.wait_for("the API server to serve the CRDs", served, SETUP_TIMEOUT)
-        await self.kubectl("apply", "-k", str(self.root / "manifests/overlays/local-secure"))
+        await self.apply_stack()
 
         async def ready() -> bool:
             brokers, want, operators, _ = await self.stack_state(api)
@@ -292,6 +396,10 @@ class Demo:
 
         await self.wait_for("the brokers and an operator", ready, SETUP_TIMEOUT, detail)
         return await self.operator_url(api)
+
+    async def apply_stack(self) -> None:
+        """The operator and the brokers: here the local overlay with authentication on."""
+        await self.kubectl("apply", "-k", str(self.root / "manifests/overlays/local-secure"))
 
     async def client_credentials(self, api: k8s.ApiClient) -> float:
         """The demo's clients are ServiceAccount ``demo-client`` of ``NAMESPACE``, bound to the
@@ -352,7 +460,7 @@ class Demo:
                 await self.kubectl(
                     "delete",
                     "-n",
-                    NAMESPACE,
+                    self.namespace,
                     f"stopic/{TOPIC}",
                     "--wait=false",
                     "--ignore-not-found",
@@ -368,7 +476,7 @@ class Demo:
                 await self.wait_for(
                     f"the operator to delete the old {TOPIC}", gone, SETUP_TIMEOUT, left
                 )
-        await self.kubectl("apply", "-n", NAMESPACE, "-f", str(manifest))
+        await self.kubectl("apply", "-n", self.namespace, "-f", str(manifest))
 
         async def ready() -> bool:
             current = await self.topic_or_none(api)
@@ -382,6 +490,9 @@ class Demo:
 
     # -- the show ------------------------------------------------------------------------------
 
+    def counters(self) -> str:
+        return f"; sent {self.sent}, acked {self.acked}, consumed {self.consumed}"
+
     async def watch_dag(self, api: k8s.ApiClient) -> None:
         last_epoch = -1
         while not self.stop.is_set():
@@ -389,45 +500,53 @@ class Demo:
                 epoch = await self.epoch(api)
                 if epoch != last_epoch:
                     last_epoch = epoch
-                    self.say(
-                        f"DAG changed (epoch {epoch}); sent {self.sent}, acked "
-                        f"{self.acked}, consumed {self.consumed}"
-                    )
-                    print(await dag_text(api, NAMESPACE, TOPIC), flush=True)
+                    self.say(f"DAG changed (epoch {epoch}){self.counters()}")
+                    print(await dag_text(api, self.namespace, TOPIC), flush=True)
             await self.pause(1.0)
 
-    async def produce(self, service_url: str) -> None:
+    async def produce(self, service_url: str, stop: asyncio.Event | None = None) -> None:
+        """Send at ``self.rate`` msg/s over 200 keys until ``stop`` (default: the demo's end);
+        message ``n`` is ``order <n> for <key>`` so a consumer can tell which it got
+        (:class:`Ledger`)."""
         from ..client import ScalableTopicProducer
+
+        stop = stop or self.stop
 
         async with (
             client_session(self.token_file) as session,
             ScalableTopicProducer(
-                service_url, NAMESPACE, TOPIC, name="demo-producer", session=session
+                service_url, self.namespace, TOPIC, name="demo-producer", session=session
             ) as producer,
         ):
             keys = [f"customer-{i}" for i in range(200)]
             key_cycle = itertools.cycle(keys)
             tick = 0.02
-            while not self.stop.is_set():
+            while not stop.is_set():
                 started = time.monotonic()
                 for _ in range(int(self.rate * tick)):
                     key = next(key_cycle)
+                    number = self.sent
                     future = await producer.send_async(
-                        f"order {self.sent} for {key}".encode(), key=key
+                        f"order {number} for {key}".encode(), key=key
                     )
                     self.sent += 1
-                    future.add_done_callback(self._acked)
+                    future.add_done_callback(functools.partial(self._acked, number))
                 await asyncio.sleep(max(0.0, tick - (time.monotonic() - started)))
 
-    def _acked(self, future: asyncio.Future[Any]) -> None:
+    def _acked(self, number: int, future: asyncio.Future[Any]) -> None:
         if not future.cancelled() and future.exception() is None:
             self.acked += 1
+            self.ledger.acked.add(number)
+        else:
+            self.failed += 1
 
     async def consume(self, service_url: str, name: str, stop: asyncio.Event) -> None:
         from ..client import StreamConsumer
 
         session = client_session(self.token_file)
-        consumer = StreamConsumer(service_url, NAMESPACE, TOPIC, "billing", name, session=session)
+        consumer = StreamConsumer(
+            service_url, self.namespace, TOPIC, "billing", name, session=session
+        )
         try:
             await consumer.start()
         except BaseException:
@@ -444,6 +563,7 @@ class Demo:
                     break
                 message = receiving.result()
                 self.consumed += 1
+                self.ledger.received_message(message.key, message.value)
                 consumer.ack_nowait(message)
         finally:
             stopping.cancel()
@@ -502,16 +622,49 @@ class Demo:
 
         renewing = asyncio.create_task(self.renew_credentials(api, lifetime))
         watcher = asyncio.create_task(self.watch_dag(api))
-        producer = asyncio.create_task(self.produce(service_url))
+        try:
+            await self.drive(api, service_url)
+            self.say(
+                "demo complete: split on load, split on consumers, merged when cold. "
+                "Ctrl-C to stop."
+            )
+            await self.stop.wait()
+            return 0
+        finally:
+            self.stop.set()
+            await self._stop_clients([renewing, watcher], [])
+
+    async def drive(self, api: k8s.ApiClient, service_url: str, *, verify: bool = False) -> Outcome:
+        """The three phases against the Ready topic: a producer ramps up until the topic splits
+        on load, stream consumers join until a consumer-count split, then the load stops until
+        neighbours merge.
+
+        With ``verify`` (the in-cluster load), between the second and third phase the producer
+        stops, every send is settled and the consumers read until they have received every
+        acknowledged message (or the phase timeout says how many they have not): the
+        :class:`Outcome` then tells whether any was lost or arrived out of key order.
+        """
+        stop_producing = asyncio.Event()
+        producer = asyncio.create_task(self.produce(service_url, stop_producing))
         consumers: list[tuple[asyncio.Task[None], asyncio.Event]] = []
+        clients = [producer]
+
+        def failed() -> None:
+            """A client that ended on its own failed: say why instead of waiting out a phase."""
+            for task in clients:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise RuntimeError(f"a demo client failed: {task.exception()!r}")
+
+        epochs = [await self.epoch(api)]
+        verified = False
         try:
             self.say("phase 1: ramping the producer up until the topic splits on load")
-            start = await self.epoch(api)
             next_ramp = time.monotonic()
 
             async def split_on_load() -> bool:
                 nonlocal next_ramp
-                if await self.epoch(api) != start:
+                failed()
+                if await self.epoch(api) != epochs[-1]:
                     return True
                 if time.monotonic() >= next_ramp:
                     self.rate = min(self.rate + RAMP_STEP, MAX_RATE)
@@ -526,20 +679,22 @@ class Demo:
                     api, demo_progress.split_progress, f"producing {self.rate:.0f} msg/s; "
                 ),
             )
+            epochs.append(await self.epoch(api))
 
             self.say("phase 2: adding stream consumers until a consumer-count split")
-            start = await self.epoch(api)
             next_consumer = time.monotonic()
 
             async def split_on_consumers() -> bool:
                 nonlocal next_consumer
-                if await self.epoch(api) != start:
+                failed()
+                if await self.epoch(api) != epochs[-1]:
                     return True
                 if time.monotonic() >= next_consumer:
                     event = asyncio.Event()
                     name = f"billing-{len(consumers) + 1}"
                     task = asyncio.create_task(self.consume(service_url, name, event))
                     consumers.append((task, event))
+                    clients.append(task)
                     self.say(f"  stream consumer {name} joined ({len(consumers)} now)")
                     next_consumer += CONSUMER_EVERY
                 return False
@@ -550,14 +705,18 @@ class Demo:
                 self.phase_timeout,
                 lambda: self.status_line(api, demo_progress.consumer_split_progress),
             )
+            epochs.append(await self.epoch(api))
+
+            self.rate = 0.0
+            if verify:
+                await self._drain(failed)
+                verified = True
 
             self.say("phase 3: load off and consumers gone until cold neighbours merge")
-            self.rate = 0.0
             await self._stop_clients([], consumers)
-            start = await self.epoch(api)
 
             async def merged() -> bool:
-                return await self.epoch(api) != start
+                return await self.epoch(api) != epochs[-1]
 
             await self.wait_for(
                 "a merge",
@@ -565,15 +724,57 @@ class Demo:
                 self.phase_timeout,
                 lambda: self.status_line(api, demo_progress.merge_progress),
             )
-            self.say(
-                "demo complete: split on load, split on consumers, merged when cold. "
-                "Ctrl-C to stop."
-            )
-            await self.stop.wait()
-            return 0
+            epochs.append(await self.epoch(api))
+            return self.outcome(epochs, verified)
         finally:
-            self.stop.set()
-            await self._stop_clients([renewing, watcher, producer], consumers)
+            await self._stop_clients([], [(producer, stop_producing), *consumers])
+
+    async def _drain(self, failed: Callable[[], None]) -> None:
+        """Every send settled, then every acknowledged message received (see :meth:`drive`)."""
+        self.say("producer stopped: waiting until the consumers have every acknowledged message")
+
+        async def settled() -> bool:
+            failed()
+            return self.acked + self.failed >= self.sent
+
+        await self.wait_for(
+            "the producer's last sends to be acknowledged",
+            settled,
+            self.phase_timeout,
+            lambda: _text(f"{self.acked + self.failed} of {self.sent} settled"),
+        )
+
+        async def received() -> bool:
+            failed()
+            return self.ledger.missing() == 0
+
+        await self.wait_for(
+            "the consumers to receive every acknowledged message",
+            received,
+            self.phase_timeout,
+            lambda: _text(
+                f"{len(self.ledger.received)} received, {self.ledger.missing()} of "
+                f"{len(self.ledger.acked)} acknowledged still missing"
+            ),
+        )
+        self.say(
+            f"  all {len(self.ledger.acked)} acknowledged messages received "
+            f"({self.ledger.redelivered} redelivered, {self.ledger.out_of_order} out of key order)"
+        )
+
+    def outcome(self, epochs: list[int], verified: bool) -> Outcome:
+        return Outcome(
+            epochs=epochs,
+            sent=self.sent,
+            acked=self.acked,
+            failed=self.failed,
+            received=len(self.ledger.received),
+            redelivered=self.ledger.redelivered,
+            out_of_order=self.ledger.out_of_order,
+            lost=self.ledger.missing(),
+            keys=len(self.ledger.last),
+            verified=verified,
+        )
 
     @staticmethod
     async def _stop_clients(
@@ -593,6 +794,10 @@ class Demo:
         await asyncio.gather(*everything, return_exceptions=True)
 
 
+async def _text(text: str) -> str:
+    return text
+
+
 async def _created_or_exists(create: Awaitable[Any]) -> None:
     """Create an object an earlier run may have made (409 Conflict is fine)."""
     try:
@@ -608,12 +813,58 @@ def _pod_ready(pod: Any) -> bool:
     return not deleting and any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
+def _existing_cluster_demo(args: argparse.Namespace) -> Demo:
+    from .demo_cluster import BROKER_IMAGE, DEFAULT_OVERLAY, OPERATOR_IMAGE, ClusterDemo
+
+    named = args.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    if os.pathsep in named:
+        raise SystemExit(
+            f"stopic demo: KUBECONFIG names several files ({named}); pass --kubeconfig FILE"
+        )
+    kubeconfig = Path(named).expanduser().resolve()
+    if not kubeconfig.is_file():
+        raise SystemExit(f"stopic demo: kubeconfig {kubeconfig}: no such file")
+    overlay = Path(args.overlay or repo_root() / DEFAULT_OVERLAY).resolve()
+    if not (overlay / "kustomization.yaml").is_file():
+        raise SystemExit(f"stopic demo: --overlay {overlay}: no kustomization.yaml there")
+    images = {
+        repository: image
+        for repository, image in (
+            (OPERATOR_IMAGE, args.operator_image),
+            (BROKER_IMAGE, args.broker_image),
+        )
+        if image
+    }
+    return ClusterDemo(
+        kubeconfig,
+        context=args.context,
+        overlay=overlay,
+        images=images,
+        phase_timeout=args.phase_timeout,
+        cleanup=args.cleanup,
+    )
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    if args.existing_cluster:
+        return None
+    for flag in ("kubeconfig", "context", "overlay", "operator_image", "broker_image"):
+        if getattr(args, flag) is not None:
+            return f"--{flag.replace('_', '-')} is for --existing-cluster only"
+    if args.cleanup:
+        return "--cleanup is for --existing-cluster only"
+    return None
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    data_dir = Path(args.data_dir).resolve()
-    refused = refuse_start(data_dir)
-    if refused is not None:
-        return refused
-    demo = Demo(data_dir, phase_timeout=args.phase_timeout)
+    if args.existing_cluster:
+        demo = _existing_cluster_demo(args)
+    else:
+        data_dir = Path(args.data_dir).resolve()
+        refused = refuse_start(data_dir)
+        if refused is not None:
+            return refused
+        demo = Demo(data_dir, phase_timeout=args.phase_timeout)
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
@@ -649,7 +900,8 @@ def add_parser(sub: Any) -> None:
         "and 3 brokers, then split "
         "the example topic `orders` on load and on consumers and merge it when cold. Ctrl-C "
         f"ends it. Exits with status {EXIT_IN_USE} at once if a control plane already runs on "
-        "--data-dir.",
+        "--data-dir. With --existing-cluster, the demo runs on a cluster of your own instead "
+        "(README, 'On a cluster of your own').",
     )
     demo.add_argument(
         "--data-dir",
@@ -666,4 +918,43 @@ def add_parser(sub: Any) -> None:
         help="give up (exit status 1) when a phase - split on load, split on consumers, "
         "merge when cold - has not happened within this time. Default: 300",
     )
-    demo.set_defaults(func=cmd_demo)
+    cluster = demo.add_argument_group(
+        "on a cluster of your own",
+        "Only with --existing-cluster does the demo touch a cluster other than its own local "
+        "one: it applies the CRDs, --overlay and manifests/demo there, runs the producer and "
+        "consumers in the cluster as Job scalable-topics-demo/demo-load and reports its result.",
+    )
+    cluster.add_argument(
+        "--existing-cluster",
+        action="store_true",
+        help="run on the cluster of --kubeconfig (default: $KUBECONFIG, else ~/.kube/config) "
+        "and --context (default: its current context); --data-dir is not used",
+    )
+    cluster.add_argument("--kubeconfig", default=None, metavar="FILE")
+    cluster.add_argument("--context", default=None, metavar="NAME")
+    cluster.add_argument(
+        "--overlay",
+        default=None,
+        metavar="DIR",
+        help="the kustomization of the operator and brokers (default: manifests/base, the "
+        "production install)",
+    )
+    cluster.add_argument(
+        "--operator-image",
+        default=None,
+        metavar="IMAGE",
+        help="instead of scalable-topics/operator:TAG (the operator, the recommender and the "
+        "demo's load)",
+    )
+    cluster.add_argument(
+        "--broker-image",
+        default=None,
+        metavar="IMAGE",
+        help="instead of scalable-topics/segment-broker:TAG",
+    )
+    cluster.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="delete namespace scalable-topics-demo (topic, Job, ServiceAccount) at the end",
+    )
+    demo.set_defaults(func=cmd_demo, check=_check)

@@ -114,7 +114,7 @@ def describe_error(exc: BaseException) -> tuple[int, str]:
 
 
 def _topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from . import clients, demo, drain, topics
+    from . import clients, demo, demo_cluster, drain, topics
     from .kube import API_TIMEOUT
 
     common = argparse.ArgumentParser(add_help=False)
@@ -158,6 +158,7 @@ def _topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ):
         sub.choices[name].set_defaults(func=run_command)
     demo.add_parser(sub)
+    demo_cluster.add_load_parser(sub)
 
 
 def build_parser(local_only: bool = False) -> argparse.ArgumentParser:
