@@ -1,6 +1,6 @@
-"""``status.autoScale``: the effective policy with each knob's source (written by the reconcile
-pass that resolves it), the auto-scaler's last decision and the outcome of its evaluations
-(written by the auto-scaler). Each writer changes only its own keys, in place, so that
+"""``status.autoScale``: the auto-scaler's last decision and the outcome of its evaluations (the
+effective policy with each knob's source is the reconcile pass's, ``core.topicstatus.
+with_policy``). Each writer changes only its own keys, in place, so that
 ``update_topic_status`` writes nothing when nothing changed; ``since`` and ``decidedAt`` move
 only when the outcome or the decision does."""
 
@@ -26,23 +26,6 @@ RECOMMENDED = "Recommended"
 SUPPRESSED = "Suppressed"
 IDLE = "Idle"
 OFF = "Off"
-
-
-def put_policy(status: dict[str, Any], resolution: Resolution | None, problem: str | None) -> None:
-    """The effective policy and sources (none while the levels do not combine: ``problem``)."""
-    auto: dict[str, Any] = dict(status.get("autoScale") or {})
-    if resolution is None:
-        for key in ("mode", "policy", "sources"):
-            auto.pop(key, None)
-    else:
-        auto["mode"] = resolution.mode.value
-        auto["policy"] = resolution.shown()
-        auto["sources"] = resolution.shown_sources()
-    if problem:
-        auto["problem"] = problem
-    else:
-        auto.pop("problem", None)
-    status["autoScale"] = auto
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from typing import Any
 
 from ..brokeradmin import AdminError
 from ..core.buckets import initial_layout_buckets, layout_buckets
-from ..core.dagview import render_dag
 from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentInfo, SegmentLayout
 from ..core.operation import Operation, plan_merge, plan_rebucket, plan_split
@@ -42,24 +41,33 @@ from ..core.resources import (
     ANNOTATION_AUTOSCALE_POLICY,
     ANNOTATION_REQUEST,
     ConditionType,
+    ControllerRef,
+    LastRequest,
     Reason,
     ResourceValidationError,
     ScalableTopicSpec,
-    condition,
+    ScalableTopicStatus,
     format_time,
-    get_condition,
-    handled_request,
     parse_manual_request,
     parse_time,
     parse_topic_spec,
-    remember_request,
     segment_name,
-    set_condition,
     topic_name_problem,
 )
 from ..core.retention import RetentionRule, SegmentDrains, drains_from_stats, next_expiry, prunable
+from ..core.topicstatus import (
+    find_handled,
+    layout_from,
+    not_ready,
+    read_status,
+    reconciled,
+    reject_request,
+    remember_request,
+    report_handled,
+    with_layout,
+    with_policy,
+)
 from . import metrics
-from .autoscalestatus import put_policy
 from .brokers import BrokerAdmin
 from .cache import TopicCache, layout_of, recorded_broker
 from .corruption import corrupted_segments
@@ -72,7 +80,7 @@ from .restore import (
     record_epoch,
     write_missing_segments,
 )
-from .status import TopicGone, put_layout, update_topic_status
+from .status import TopicGone, change_topic_status, put_layout, update_topic_status
 from .transfer import MoveRejected, TransferExecutor
 
 log = logging.getLogger(__name__)
@@ -311,13 +319,11 @@ class TopicReconciler:
         problem = corrupted_segments(self.cache.segments.get((namespace, name), {}).values()) or (
             problem
         )
-        previous = get_condition((topic.get("status") or {}).get("conditions"), ConditionType.READY)
+        previous = read_status(topic.get("status")).condition(ConditionType.READY)
         topic = await self._write_status(topic, layout, problem)
         metrics.observe_layout(namespace, name, layout_of(topic) or layout)
         if problem and (
-            not previous
-            or previous.get("reason") != problem[0]
-            or previous.get("message") != problem[1]
+            not previous or previous.reason != problem[0] or previous.message != problem[1]
         ):
             await self.event(topic, "Warning", problem[0], problem[1])
         self.cache.put_topic(topic)
@@ -450,13 +456,11 @@ class TopicReconciler:
     ) -> tuple[JsonObj, SegmentLayout]:
         layout = SegmentLayout.initial(spec.initial_segments)
 
-        def change(status: dict[str, Any], obj: JsonObj) -> None:
-            if (status or {}).get("layout"):
-                return
-            put_layout(status, layout)
+        def change(status: ScalableTopicStatus, obj: JsonObj) -> ScalableTopicStatus:
+            return status if status.layout else with_layout(status, layout)
 
         meta = topic["metadata"]
-        topic = await update_topic_status(
+        topic = await change_topic_status(
             self.kube, meta["namespace"], meta["name"], change, topic=topic
         )
         await self.event(
@@ -841,21 +845,21 @@ class TopicReconciler:
         now = self.clock()
         pruned: list[SegmentInfo] = []
 
-        def change(status: dict[str, Any], obj: JsonObj) -> None:
+        def change(status: ScalableTopicStatus, obj: JsonObj) -> ScalableTopicStatus:
             pruned.clear()
-            current = layout_of(obj)
-            if status.get("operation") or current is None:
-                return
+            current = layout_from(status)
+            if status.operation is not None or current is None:
+                return status
             new = current
             for sid in prunable(current, sealed_at, drained, retention, now, sizes):
                 pruned.append(new.segments[sid])
                 new = new.prune(sid)
             if not pruned:
-                return
+                return status
             new.validate()
-            put_layout(status, new)
+            return with_layout(status, new)
 
-        topic = await update_topic_status(self.kube, ns, name, change, topic=topic)
+        topic = await change_topic_status(self.kube, ns, name, change, topic=topic)
         layout = layout_of(topic) or layout
         if not pruned:
             return topic, layout
@@ -878,29 +882,30 @@ class TopicReconciler:
         raw = annotations.get(ANNOTATION_REQUEST)
         if not raw:
             return topic
-        status = topic.get("status") or {}
+        status = read_status(topic.get("status"))
+        last_id = status.last_request.id if status.last_request is not None else None
         try:
             request = parse_manual_request(raw)
         except ResourceValidationError as exc:
             request_id, op = loose_request(raw)
-            if (status.get("lastRequest") or {}).get("id") == request_id:
+            if last_id == request_id:
                 return topic
             return await self._reject(topic, request_id, op, str(exc))
-        if (status.get("lastRequest") or {}).get("id") == request.id:
+        if last_id == request.id:
             return topic
-        if status.get("operation"):
+        if (topic.get("status") or {}).get("operation"):
             return topic
-        handled = handled_request(status, request.id)
+        handled = find_handled(status, request.id)
         if handled is not None:
             return await self._already_handled(topic, handled)
         # The outcome of this request will replace lastRequest (the protocol's commit writes
         # only that): the previous one goes into the history first.
         meta = topic["metadata"]
-        topic = await update_topic_status(
+        topic = await change_topic_status(
             self.kube,
             meta["namespace"],
             meta["name"],
-            lambda status, obj: remember_request(status),
+            lambda status, _: remember_request(status),
             topic=topic,
         )
         op = request.op.value
@@ -975,45 +980,36 @@ class TopicReconciler:
 
     async def _reject(self, topic: JsonObj, request_id: str, op: str, message: str) -> JsonObj:
         meta = topic["metadata"]
-        now = format_time(self.clock())
-
-        def change(status: dict[str, Any], obj: JsonObj) -> None:
-            remember_request(status)
-            status["lastRequest"] = {
-                "id": request_id,
-                "op": op if op in ("split", "merge", "move") else "split",
-                "result": "Rejected",
-                "message": message[:1024],
-                "completedAt": now,
-            }
-            remember_request(status)
-
-        topic = await update_topic_status(
-            self.kube, meta["namespace"], meta["name"], change, topic=topic
+        now = self.clock()
+        topic = await change_topic_status(
+            self.kube,
+            meta["namespace"],
+            meta["name"],
+            lambda status, _: reject_request(status, request_id, op, message, now),
+            topic=topic,
         )
         await self.event(topic, "Warning", "RequestRejected", f"request {request_id}: {message}")
         return topic
 
-    async def _already_handled(self, topic: JsonObj, handled: Mapping[str, Any]) -> JsonObj:
+    async def _already_handled(self, topic: JsonObj, handled: LastRequest) -> JsonObj:
         """A request id found in the history was applied again: it is not executed again, and
         ``lastRequest`` reports it with its original outcome (which also keeps later passes from
         reporting it twice)."""
         meta = topic["metadata"]
-        request_id = str(handled.get("id"))
-        result = str(handled.get("result") or "")
-        when = handled.get("completedAt") or "an unknown time"
-        note = f"already handled ({result} at {when}), not executed again"
-
-        def change(status: dict[str, Any], obj: JsonObj) -> None:
-            remember_request(status)
-            message = f"{note}: {handled.get('message') or ''}".rstrip(": ")
-            status["lastRequest"] = {**dict(handled), "message": message[:1024]}
-
-        topic = await update_topic_status(
-            self.kube, meta["namespace"], meta["name"], change, topic=topic
+        topic = await change_topic_status(
+            self.kube,
+            meta["namespace"],
+            meta["name"],
+            lambda status, _: report_handled(status, handled),
+            topic=topic,
         )
+        when = handled.completed_at or "an unknown time"
         await self.event(
-            topic, "Normal", "RequestAlreadyHandled", f"request {request_id} was {note}"
+            topic,
+            "Normal",
+            "RequestAlreadyHandled",
+            f"request {handled.id} was already handled ({handled.result.value} at {when}), "
+            "not executed again",
         )
         return topic
 
@@ -1031,44 +1027,24 @@ class TopicReconciler:
         layout, 0 active segments) whatever an earlier pass wrote."""
         meta = topic["metadata"]
         generation = meta.get("generation")
-        previous = get_condition((topic.get("status") or {}).get("conditions"), ConditionType.READY)
-
-        def change(status: dict[str, Any], obj: JsonObj) -> None:
-            conditions = status.get("conditions") or []
-            conditions = set_condition(
-                conditions, condition(ConditionType.READY, False, reason, message, generation)
-            )
-            conditions = set_condition(
-                conditions,
-                condition(
-                    ConditionType.STALLED,
-                    stalled,
-                    reason if stalled else Reason.IDLE,
-                    message if stalled else "",
-                    generation,
-                ),
-            )
-            conditions = set_condition(
-                conditions,
-                condition(
-                    ConditionType.RECONCILING,
-                    not stalled,
-                    Reason.CREATING if not stalled else Reason.IDLE,
-                    "" if stalled else message,
-                    generation,
-                ),
-            )
-            status["conditions"] = conditions
-            status["observedGeneration"] = generation
-            if unbuilt:
-                for key in ("layout", "epoch", "nextSegmentId", "dag"):
-                    status.pop(key, None)
-                status["activeSegments"] = 0
-
-        topic = await update_topic_status(
-            self.kube, meta["namespace"], meta["name"], change, topic=topic
+        previous = read_status(topic.get("status")).condition(ConditionType.READY)
+        now = self.clock()
+        topic = await change_topic_status(
+            self.kube,
+            meta["namespace"],
+            meta["name"],
+            lambda status, _: not_ready(
+                status,
+                reason,
+                message,
+                generation=generation,
+                now=now,
+                stalled=stalled,
+                unbuilt=unbuilt,
+            ),
+            topic=topic,
         )
-        if not previous or previous.get("reason") != reason or previous.get("message") != message:
+        if not previous or previous.reason != reason or previous.message != message:
             await self.event(topic, "Warning", reason, message)
 
     async def _write_status(
@@ -1079,70 +1055,24 @@ class TopicReconciler:
         meta = topic["metadata"]
         ns, name = meta["namespace"], meta["name"]
         generation = meta.get("generation")
-        controller = self.controller_ref(ns, name)
-        operation = (topic.get("status") or {}).get("operation")
-        if operation:
-            reconciling = (
-                True,
-                {
-                    "split": Reason.SPLITTING,
-                    "merge": Reason.MERGING,
-                    "rebucket": Reason.REBUCKETING,
-                }[operation["kind"]],
-                f"{operation['kind']} {operation['id']} at phase {operation['phase']}",
-            )
-        elif self._leftovers.get((ns, name)):
-            reconciling = (
-                True,
-                Reason.PRUNING,
-                f"segments {self._leftovers[(ns, name)]} left the DAG and wait for their "
-                "broker pods to be deleted there",
-            )
-        else:
-            reconciling = (False, Reason.IDLE, "")
-        active = layout.active()
-        ready = problem is None
-        ready_message = f"{len(active)} active segment(s) at epoch {layout.epoch}"
-        ready_reason: str = Reason.RECONCILED
-        stalled = (False, Reason.IDLE, "")
-        if problem is not None:
-            ready_reason, ready_message = problem
-            stalled = (True, problem[0], problem[1])
+        controller = ControllerRef.model_validate(self.controller_ref(ns, name))
+        leftovers = self._leftovers.get((ns, name), [])
+        policy = self._policy_state.get((ns, name))
+        now = self.clock()
 
-        def change(status: dict[str, Any], obj: JsonObj) -> None:
-            conditions = status.get("conditions") or []
-            conditions = set_condition(
-                conditions,
-                condition(ConditionType.READY, ready, ready_reason, ready_message, generation),
+        def change(status: ScalableTopicStatus, obj: JsonObj) -> ScalableTopicStatus:
+            status = reconciled(
+                status,
+                layout,
+                generation=generation,
+                now=now,
+                controller=controller,
+                leftovers=leftovers,
+                problem=problem,
             )
-            conditions = set_condition(
-                conditions,
-                condition(
-                    ConditionType.RECONCILING,
-                    reconciling[0],
-                    reconciling[1],
-                    reconciling[2],
-                    generation,
-                ),
-            )
-            conditions = set_condition(
-                conditions, condition(ConditionType.STALLED, *stalled, generation)
-            )
-            status["conditions"] = conditions
-            status["observedGeneration"] = generation
-            if (ns, name) in self._policy_state:
-                put_policy(status, *self._policy_state[(ns, name)])
-            status["epoch"] = layout.epoch
-            status["nextSegmentId"] = layout.next_segment_id
-            status["activeSegments"] = len(active)
-            status["dag"] = render_dag(layout)
-            previous = status.get("controller") or {}
-            status["controller"] = {**previous, **controller}
-            if previous.get("pod") != controller.get("pod") or not previous.get("since"):
-                status["controller"]["since"] = format_time(self.clock())
-            remember_request(status)
+            return status if policy is None else with_policy(status, *policy)
 
-        return await update_topic_status(self.kube, ns, name, change, topic=topic)
+        return await change_topic_status(self.kube, ns, name, change, topic=topic)
 
     async def _finalize(self, topic: JsonObj) -> None:
         meta = topic["metadata"]

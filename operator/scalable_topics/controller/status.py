@@ -9,10 +9,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..core.dagview import render_dag
 from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
-from ..core.resources import layout_status
+from ..core.resources import ScalableTopicStatus
+from ..core.topicstatus import apply_change, with_layout
 from . import metrics
 from .kube import Conflict, KubeApi, NotFound
 
@@ -20,6 +20,10 @@ log = logging.getLogger(__name__)
 
 StatusChange = Callable[[dict[str, Any], JsonObj], None]
 """Mutates the status dict in place; gets the whole (fresh) object to look at."""
+
+TypedChange = Callable[[ScalableTopicStatus, JsonObj], ScalableTopicStatus]
+"""Returns the new typed status (a ``core.topicstatus`` function); gets the whole (fresh)
+object to look at."""
 
 _VOLATILE = ("lastTransitionTime",)
 
@@ -33,15 +37,22 @@ def _comparable(status: Any) -> Any:
     return status
 
 
+def typed(change: TypedChange) -> StatusChange:
+    """``change`` as an in-place change of the status dict: read typed, changed, written back
+    with :func:`~scalable_topics.core.topicstatus.write_status` (what it does not change is kept
+    exactly as it was)."""
+
+    def apply(status: dict[str, Any], obj: JsonObj) -> None:
+        new = apply_change(status, lambda typed_status: change(typed_status, obj))
+        status.clear()
+        status.update(new)
+
+    return apply
+
+
 def put_layout(status: dict[str, Any], layout: SegmentLayout) -> None:
-    """Make ``layout`` the topic's DAG in ``status``: ``status.layout`` (as
-    :func:`~scalable_topics.core.resources.layout_status` writes it) and the fields derived
-    from it (``epoch``, ``nextSegmentId``, ``activeSegments``, ``dag``)."""
-    status["layout"] = layout_status(layout)
-    status["epoch"] = layout.epoch
-    status["nextSegmentId"] = layout.next_segment_id
-    status["activeSegments"] = len(layout.active())
-    status["dag"] = render_dag(layout)
+    """Make ``layout`` the topic's DAG in ``status`` (``core.topicstatus.with_layout``)."""
+    typed(lambda s, _: with_layout(s, layout))(status, {})
 
 
 class TopicGone(Exception):
@@ -85,3 +96,15 @@ async def update_topic_status(
         metrics.STATUS_WRITES.labels("ScalableTopic", "written").inc()
         return written
     raise Conflict(f"{namespace}/{name}: status kept changing under us ({attempts} attempts)")
+
+
+async def change_topic_status(
+    kube: KubeApi,
+    namespace: str,
+    name: str,
+    change: TypedChange,
+    *,
+    topic: JsonObj | None = None,
+) -> JsonObj:
+    """:func:`update_topic_status` with a typed change (``core.topicstatus``)."""
+    return await update_topic_status(kube, namespace, name, typed(change), topic=topic)
