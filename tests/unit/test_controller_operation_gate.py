@@ -17,11 +17,11 @@ from scalable_topics.controller.kube import KubeApi
 from scalable_topics.controller.protocol import (
     OperationExecutor,
     OperationRejected,
-    segment_body,
 )
 from scalable_topics.core.jsontypes import JsonObj
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.operation import plan_merge, plan_split
+from scalable_topics.core.resources import segment_manifest
 
 NAMESPACE = "gate"
 TOPIC: JsonObj = {
@@ -55,7 +55,14 @@ def executor_with(moving: set[int]) -> tuple[OperationExecutor, SegmentLayout]:
     layout = SegmentLayout.initial(2)
     cache = TopicCache(controller_url=lambda namespace, name: "http://controller")
     for sid, info in layout.segments.items():
-        body = segment_body(TOPIC, sid, info.hash_range, [], 1)
+        meta = TOPIC["metadata"]
+        body = segment_manifest(
+            topic=meta["name"],
+            namespace=meta["namespace"],
+            topic_uid=meta["uid"],
+            segment_id=sid,
+            hash_range=info.hash_range,
+        )
         body["metadata"]["uid"] = f"segment-{sid}"
         status: dict[str, Any] = {"state": "Active"}
         if sid in moving:

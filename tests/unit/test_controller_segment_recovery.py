@@ -26,12 +26,12 @@ from kubernetes_asyncio import client as k8s
 from scalable_topics.controller.brokers import BrokerAdmin
 from scalable_topics.controller.cache import TopicCache, recorded_broker
 from scalable_topics.controller.kube import KubeApi, NotFound
-from scalable_topics.controller.protocol import OperationExecutor, segment_body
+from scalable_topics.controller.protocol import OperationExecutor
 from scalable_topics.controller.reconciler import TopicReconciler
 from scalable_topics.core.jsontypes import JsonObj
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.policy import AutoScalePolicy
-from scalable_topics.core.resources import parse_topic_spec, segment_name
+from scalable_topics.core.resources import parse_topic_spec, segment_manifest, segment_name
 from scalable_topics.core.wire import Successor
 from segment_broker.testing import RunningBroker, running_broker
 
@@ -155,7 +155,14 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
             await broker.create_segment(
                 NAMESPACE, TOPIC, info.segment_id, info.hash_range.start, info.hash_range.end
             )
-            body = segment_body(topic, info.segment_id, info.hash_range, list(info.parent_ids), 1)
+            body = segment_manifest(
+                topic=TOPIC,
+                namespace=NAMESPACE,
+                topic_uid=topic["metadata"]["uid"],
+                segment_id=info.segment_id,
+                hash_range=info.hash_range,
+                parents=info.parent_ids,
+            )
             created = await kube.create_segment(body)
             world.stored[created["metadata"]["name"]]["status"] = {
                 "state": "Active" if info.active else "Sealed",
@@ -231,8 +238,13 @@ def test_a_deleted_segment_is_dropped_only_as_the_uid_it_was() -> None:
     """A late DELETED event of the old object does not drop the Segment written again."""
     cache = TopicCache(controller_url=lambda namespace, name: "")
     layout = SegmentLayout.initial(1)
-    topic: JsonObj = {"metadata": {"namespace": NAMESPACE, "name": TOPIC, "uid": "t"}}
-    old: dict[str, Any] = segment_body(topic, 0, layout.segments[0].hash_range, [], 1)
+    old: dict[str, Any] = segment_manifest(
+        topic=TOPIC,
+        namespace=NAMESPACE,
+        topic_uid="t",
+        segment_id=0,
+        hash_range=layout.segments[0].hash_range,
+    )
     old["metadata"]["uid"] = "old"
     new = copy.deepcopy(old)
     new["metadata"]["uid"] = "new"

@@ -34,13 +34,10 @@ from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
 from ..core.operation import Operation, OperationKind, Phase, Recovery, recovery
 from ..core.resources import (
-    API_VERSION,
-    SEGMENT_KIND,
     format_time,
     parse_topic_spec,
-    segment_labels,
+    segment_manifest,
     segment_name,
-    topic_owner_reference,
 )
 from ..core.wire import Successor
 from . import metrics
@@ -64,29 +61,6 @@ class OperationRejected(Exception):
 
 class NoBrokerAvailable(Exception):
     pass
-
-
-def segment_body(
-    topic: JsonObj, segment_id: int, hash_range: Any, parents: list[int], buckets: int
-) -> JsonObj:
-    meta = topic["metadata"]
-    return {
-        "apiVersion": API_VERSION,
-        "kind": SEGMENT_KIND,
-        "metadata": {
-            "name": segment_name(meta["name"], segment_id),
-            "namespace": meta["namespace"],
-            "labels": segment_labels(meta["name"], segment_id),
-            "ownerReferences": [topic_owner_reference(meta["name"], meta["uid"])],
-        },
-        "spec": {
-            "topic": meta["name"],
-            "segmentId": segment_id,
-            "range": {"start": hash_range.start, "end": hash_range.end, "hex": hash_range.hex()},
-            "parents": parents,
-            "buckets": buckets,
-        },
-    }
 
 
 def broker_retention(topic: JsonObj) -> dict[str, int] | None:
@@ -292,7 +266,15 @@ class OperationExecutor:
         existing = self.cache.segments.get((ns, name), {}).get(segment_id)
         newly_placed = existing is None or recorded_broker(existing) is None
         pod, url = self._place(topic, segment_id, existing)
-        body = segment_body(topic, segment_id, hash_range, parents, buckets)
+        body = segment_manifest(
+            topic=name,
+            namespace=ns,
+            topic_uid=topic["metadata"]["uid"],
+            segment_id=segment_id,
+            hash_range=hash_range,
+            parents=parents,
+            buckets=buckets,
+        )
         body["metadata"]["annotations"] = {ANNOTATION_BROKER: pod}
         created = await self.kube.create_segment(body)
         if recorded_broker(created) not in (None, pod):

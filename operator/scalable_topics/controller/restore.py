@@ -19,11 +19,16 @@ from ..brokeradmin import AdminError
 from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
 from ..core.rebuild import BrokerReport, broker_report
-from ..core.resources import TOPIC_KIND, format_time, segment_name, topic_owner_reference
+from ..core.resources import (
+    TOPIC_KIND,
+    format_time,
+    segment_manifest,
+    segment_name,
+    topic_owner_reference,
+)
 from .brokers import BrokerAdmin
 from .cache import ANNOTATION_BROKER, TopicCache, recorded_broker
 from .kube import KubeApi
-from .protocol import segment_body
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +120,15 @@ async def write_missing_segments(
     for sid, report in sorted(reports.items()):
         info = layout.segments.get(sid)
         parents = list(info.parent_ids) if info is not None else []
-        body = segment_body(topic, sid, report.hash_range, parents, report.buckets)
+        body = segment_manifest(
+            topic=meta["name"],
+            namespace=meta["namespace"],
+            topic_uid=meta["uid"],
+            segment_id=sid,
+            hash_range=report.hash_range,
+            parents=parents,
+            buckets=report.buckets,
+        )
         body["metadata"]["annotations"] = {ANNOTATION_BROKER: report.pod}
         created = await kube.create_segment(body)
         if info is not None and not info.active:
