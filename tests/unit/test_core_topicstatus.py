@@ -465,3 +465,81 @@ def test_policy_is_shown_with_sources_and_removed_while_it_does_not_combine() ->
     }
     back = written(gone, lambda s: ts.with_policy(s, resolution, None))
     assert back["autoScale"] == shown["autoScale"]
+
+
+# -- a rebuilt layout --------------------------------------------------------------------------
+
+
+def _subscriptions(layout: SegmentLayout) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "orders",
+            "type": "Stream",
+            "layoutEpoch": layout.epoch,
+            "consumers": [],
+            "drainedSegments": [0],
+        }
+    ]
+
+
+def test_a_rebuilt_layout_fills_a_lost_status_and_reports_the_request() -> None:
+    layout = SegmentLayout.initial(1).split(0)
+    request = '{"id": "r9", "op": "merge", "segments": [1, 2]}'
+    raw = {"recommendation": {"computedAt": "2026-11-22T04:00:00Z"}}
+    status = ts.read_status(raw)
+    restored = ts.restore_layout(
+        status,
+        layout,
+        subscriptions=_subscriptions(layout),
+        operation=None,
+        request_annotation=request,
+        now=T0,
+    )
+    assert restored is not None
+    assert (restored.resumed, restored.unrun) == (None, "r9")
+    out = ts.write_status(raw, status, restored.status)
+    assert out["layout"] == layout_status(layout) and out["epoch"] == 1
+    assert out["subscriptions"] == _subscriptions(layout)
+    assert out["lastRequest"]["id"] == "r9" and out["lastRequest"]["result"] == "Rejected"
+    assert out["lastRequest"]["completedAt"] == format_time(T0)
+    assert out["recommendation"] == raw["recommendation"]
+    assert "operation" not in out
+    _status_ok(out)
+    again = ts.read_status(out)
+    assert (
+        ts.restore_layout(
+            again,
+            layout,
+            subscriptions=[],
+            operation=None,
+            request_annotation=request,
+            now=T0,
+        )
+        is None
+    ), "a layout written meanwhile wins"
+
+
+def test_a_surviving_intent_is_rebased_and_wins_over_the_records() -> None:
+    before = SegmentLayout.initial(2)
+    surviving = plan_split("split-7", before, 0, parent_buckets=2, request_id="r1")
+    raw = written(_with_layout(before), lambda s: ts.record_intent(s, surviving))
+    raw.pop("layout")
+    raw["subscriptions"] = [{"name": "kept", "consumers": [], "drainedSegments": []}]
+    rebuilt = SegmentLayout.from_metadata({**layout_status(before), "epoch": 4})
+    from_records = plan_merge("rebuilt-1", rebuilt, [0, 1], parent_buckets={0: 1, 1: 1})
+    status = ts.read_status(raw)
+    restored = ts.restore_layout(
+        status,
+        rebuilt,
+        subscriptions=_subscriptions(rebuilt),
+        operation=from_records,
+        request_annotation='{"id": "r1", "op": "split", "segments": [0]}',
+        now=T0,
+    )
+    assert restored is not None
+    assert (restored.resumed, restored.unrun) == ("split-7", None)
+    out = ts.write_status(raw, status, restored.status)
+    resumed = Operation.from_status(out["operation"])
+    assert resumed.id == "split-7" and resumed.base_epoch == 4 and resumed.request_id == "r1"
+    assert out["subscriptions"] == raw["subscriptions"], "the hub's entries are kept"
+    assert "lastRequest" not in out

@@ -17,6 +17,7 @@ field that does not validate, the spelling of a timestamp it did not touch).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -25,6 +26,7 @@ from .dagview import render_dag
 from .layout import SegmentLayout
 from .operation import Operation, OperationKind
 from .policy import Resolution
+from .rebuild import request_after_rebuild
 from .resources import (
     REQUEST_HISTORY,
     AutoScaleStatus,
@@ -37,6 +39,7 @@ from .resources import (
     Reason,
     RequestResult,
     ScalableTopicStatus,
+    SubscriptionStatus,
     condition,
     format_time,
     layout_status,
@@ -441,6 +444,62 @@ def roll_back_operation(
             ),
         )
     return status
+
+
+# -- a rebuilt layout --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Restored:
+    """The status with a rebuilt layout, the id of the interrupted operation it resumes and the
+    id of the request it reports as not run again (``None`` each when there is none)."""
+
+    status: ScalableTopicStatus
+    resumed: str | None = None
+    unrun: str | None = None
+
+
+def restore_layout(
+    status: ScalableTopicStatus,
+    layout: SegmentLayout,
+    *,
+    subscriptions: Sequence[Mapping[str, Any]],
+    operation: Operation | None,
+    request_annotation: str | None,
+    now: float,
+) -> Restored | None:
+    """A layout rebuilt from the Segments and the brokers (``core.rebuild``) written into a
+    status that lost it; ``None`` when the status has a layout (another writer came first).
+
+    ``subscriptions`` (``rebuild.subscription_entries``) are written only where the status has
+    none: they are what the consumer hub restores from, and without them a new leader would
+    count every sealed segment drained. An operation still in the status (only the layout went)
+    is rebased on the rebuilt epoch and wins over ``operation``, the one found interrupted in the
+    records. The request annotation is matched against it (``rebuild.request_after_rebuild``):
+    a request that is not that operation is reported as not run again, unless ``lastRequest``
+    already says something."""
+    if status.layout:
+        return None
+    status = with_layout(status, layout)
+    if not status.subscriptions:
+        status = _update(
+            status, subscriptions=[SubscriptionStatus.model_validate(e) for e in subscriptions]
+        )
+    if status.operation is not None:
+        try:
+            found = Operation.from_status(_dump(status.operation))
+            operation = replace(found, base_epoch=layout.epoch)
+        except ValueError:
+            pass
+    operation, last = request_after_rebuild(request_annotation, operation, format_time(now))
+    resumed = unrun = None
+    if operation is not None:
+        status = _update(status, operation=OperationStatus.model_validate(operation.to_status()))
+        resumed = operation.id
+    if last is not None and status.last_request is None:
+        status = _update(status, last_request=LastRequest.model_validate(last))
+        unrun = str(last["id"])
+    return Restored(status, resumed, unrun)
 
 
 # -- auto-scale policy -------------------------------------------------------------------------
