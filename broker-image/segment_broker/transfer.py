@@ -28,20 +28,18 @@ import logging
 import struct
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from scalable_topics.core import wire
 from scalable_topics.core.transfer import CLOSE_SEGMENT_MOVED, ERR_SEGMENT_MOVED, moved_fields
 
+from .routes import hosted_segment, read_body, run_admin, segment_key
 from .storage.cursor import Cursor, SubscriptionType
 from .storage.fsutil import atomic_write_json, fsync_dir, read_json
 from .storage.segment import Retention, SealInfo, Segment, SegmentMeta
 from .store import ConflictError, HostedSegment, NotFoundError, SegmentStore, validate_name
-
-if TYPE_CHECKING:
-    from .server import Broker
 
 INCOMING = "incoming"
 RELEASING = "releasing"
@@ -151,9 +149,8 @@ async def hand_off(store: SegmentStore, wait_s: float) -> int:
 
 
 class TransferRoutes:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.store = broker.store
+    def __init__(self, store: SegmentStore) -> None:
+        self.store = store
 
     def register(self, app: web.Application, segment_path: str) -> None:
         r = app.router
@@ -172,12 +169,12 @@ class TransferRoutes:
         self, handler: Callable[[web.Request], Awaitable[web.Response]]
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def route(request: web.Request) -> web.Response:
-            return await self.broker._admin(request, functools.partial(handler, request))
+            return await run_admin(request, functools.partial(handler, request))
 
         return route
 
     def _hosted(self, request: web.Request) -> HostedSegment:
-        return self.broker._hosted(request)
+        return hosted_segment(self.store, request)
 
     # -- source ---------------------------------------------------------------------------------
 
@@ -235,14 +232,14 @@ class TransferRoutes:
         """After the destination owns the segment: close every client with its URL, then
         delete this copy. The cursors as they were once the consumers left are returned for the
         leader to merge into the destination."""
-        body = await self.broker._body(request)
+        body = await read_body(request)
         url = body.get("brokerUrl")
         if not isinstance(url, str) or not url:
             raise ValueError("brokerUrl (the new owner's URL) is required")
         redirect = body.get("redirect", True)
         if not isinstance(redirect, bool):
             raise ValueError("redirect must be a boolean")
-        key = self.broker._segment_key(request)
+        key = segment_key(request)
         hosted = self.store.get(*key)
         seg = hosted.segment
         if seg.fence_reason != RELEASING:
@@ -267,8 +264,8 @@ class TransferRoutes:
 
     async def incoming(self, request: web.Request) -> web.Response:
         """Create the destination's fenced copy from the source's snapshot (idempotent)."""
-        namespace, topic, sid = self.broker._segment_key(request)
-        body = await self.broker._body(request)
+        namespace, topic, sid = segment_key(request)
+        body = await read_body(request)
         meta = SegmentMeta.from_json(body["meta"])
         if (meta.namespace, meta.topic, meta.segment_id) != (namespace, topic, sid):
             raise ValueError("the snapshot names another segment than the path")
@@ -348,7 +345,7 @@ class TransferRoutes:
         """Merge the source's cursors (acknowledgements only grow) and copy its seal."""
         hosted = self._hosted(request)
         seg = hosted.segment
-        body = await self.broker._body(request)
+        body = await read_body(request)
         for name, data in dict(body.get("cursors", {})).items():
             source = Cursor.from_json(data)
             if name not in seg.cursors:

@@ -122,7 +122,7 @@ def test_retention_rule_is_checked_and_read_from_the_spec() -> None:
 
 
 def stats(**fields: Any) -> dict[str, Any]:
-    """A segment's admin stats in the broker's shape (segment_broker.server ``_stats``)."""
+    """A segment's admin stats in the broker's shape (segment_broker.admin ``_stats``)."""
     body: dict[str, Any] = {
         "segmentId": 0,
         "sealed": True,
