@@ -63,8 +63,8 @@ if TYPE_CHECKING:
     from .sessions import DagSource, Routing
 
 __all__ = [
+    "ConsumerConnection",
     "ConsumerHub",
-    "ConsumerSession",
     "SessionRejected",
     "close_reason",
     "leader_elsewhere",
@@ -111,7 +111,7 @@ def close_reason(text: str) -> bytes:
 _session_ids = itertools.count(1)
 
 
-class ConsumerSession:
+class ConsumerConnection:
     """One consumer socket after a successful ``register``.
 
     Outgoing messages go through a small outbox drained by one writer task: assignments are full
@@ -145,7 +145,7 @@ class ConsumerSession:
 
     def __repr__(self) -> str:
         return (
-            f"<ConsumerSession {self.id} {self.namespace}/{self.topic} "
+            f"<ConsumerConnection {self.id} {self.namespace}/{self.topic} "
             f"{self.subscription}/{self.consumer}>"
         )
 
@@ -208,7 +208,7 @@ class ConsumerSession:
 class _Subscription:
     name: str
     coordinator: Coordinator[Any]
-    sessions: dict[str, ConsumerSession] = field(default_factory=dict)
+    sessions: dict[str, ConsumerConnection] = field(default_factory=dict)
     positions: dict[str, dict[int, int]] = field(default_factory=dict)
     timer: asyncio.TimerHandle | None = None
     persist_pending: dict[str, Any] | None = None
@@ -499,7 +499,7 @@ class ConsumerHub:
         if self._closed:
             return
         self._closed = True
-        sessions: list[ConsumerSession] = []
+        sessions: list[ConsumerConnection] = []
         persists: list[asyncio.Task[None]] = []
         watches: list[asyncio.Task[None]] = []
         for state in self._topics.values():
@@ -585,7 +585,7 @@ class ConsumerHub:
 
     def open_session(
         self, namespace: str, topic: str, message: RegisterMessage, ws: web.WebSocketResponse
-    ) -> ConsumerSession:
+    ) -> ConsumerConnection:
         """Register a consumer on a new socket; raises :class:`SessionRejected`.
 
         A consumer name that already has a socket: the newer session wins, the older one is
@@ -601,7 +601,7 @@ class ConsumerHub:
                 ),
             )
         sub = self._subscription_for(state, message)
-        session = ConsumerSession(
+        session = ConsumerConnection(
             ws,
             namespace=namespace,
             topic=topic,
@@ -642,7 +642,7 @@ class ConsumerHub:
         return session
 
     def report_drained(
-        self, session: ConsumerSession, segment_id: int, buckets: Collection[int] | None = None
+        self, session: ConsumerConnection, segment_id: int, buckets: Collection[int] | None = None
     ) -> None:
         found = self._current(session)
         if found is None:
@@ -664,7 +664,7 @@ class ConsumerHub:
             )
 
     def report_released(
-        self, session: ConsumerSession, segment_id: int, buckets: Collection[int]
+        self, session: ConsumerConnection, segment_id: int, buckets: Collection[int]
     ) -> None:
         """The consumer let go of withheld buckets: hand them to their new owner."""
         found = self._current(session)
@@ -695,24 +695,24 @@ class ConsumerHub:
             state, sub, lambda _: coordinator.released(session.consumer, segment_id, buckets, now)
         )
 
-    def record_position(self, session: ConsumerSession, segment_id: int, position: int) -> None:
+    def record_position(self, session: ConsumerConnection, segment_id: int, position: int) -> None:
         found = self._current(session)
         if found is not None:
             found[1].positions.setdefault(session.consumer, {})[segment_id] = position
 
-    def unregister(self, session: ConsumerSession) -> None:
+    def unregister(self, session: ConsumerConnection) -> None:
         """The consumer leaves for good: redistribute its units now and close its socket."""
         self._leave(session, "unregistered", lambda c, now: c.unregister(session.consumer, now))
         session.finish(None, CloseCode.NORMAL, "unregistered")
 
-    def session_closed(self, session: ConsumerSession) -> None:
+    def session_closed(self, session: ConsumerConnection) -> None:
         """The socket is gone: the consumer's grace period starts (if it still was current)."""
         self._leave(session, "disconnected", lambda c, now: c.disconnect(session.consumer, now))
         session.finish(None, CloseCode.GOING_AWAY, "session closed")
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _current(self, session: ConsumerSession) -> tuple[_Topic, _Subscription] | None:
+    def _current(self, session: ConsumerConnection) -> tuple[_Topic, _Subscription] | None:
         state = self._topics.get((session.namespace, session.topic))
         sub = state.subscriptions.get(session.subscription) if state else None
         if state is None or sub is None or sub.sessions.get(session.consumer) is not session:
@@ -721,7 +721,7 @@ class ConsumerHub:
 
     def _leave(
         self,
-        session: ConsumerSession,
+        session: ConsumerConnection,
         what: str,
         event: Callable[[Coordinator[Any], float], CoordinatorResult],
     ) -> None:
@@ -931,7 +931,7 @@ class ConsumerHub:
         self,
         state: _Topic,
         sub: _Subscription,
-        session: ConsumerSession,
+        session: ConsumerConnection,
         assignment: ConsumerAssignment,
         brokers: Mapping[int, str] | None = None,
     ) -> None:
@@ -1017,7 +1017,7 @@ class ConsumerHub:
             )
         sub.sessions.clear()
 
-    def _redirect(self, session: ConsumerSession, reason: str) -> None:
+    def _redirect(self, session: ConsumerConnection, reason: str) -> None:
         url = None
         if self._routing is not None:
             leader = leader_elsewhere(

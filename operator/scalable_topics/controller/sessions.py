@@ -45,8 +45,8 @@ from ..core.sessions import (
 )
 from . import metrics
 from .consumers import (
+    ConsumerConnection,
     ConsumerHub,
-    ConsumerSession,
     SessionRejected,
     close_reason,
     leader_elsewhere,
@@ -351,7 +351,7 @@ async def _serve_consumer(
 
 
 async def _consume_messages(
-    ws: web.WebSocketResponse, hub: ConsumerHub, session: ConsumerSession
+    ws: web.WebSocketResponse, hub: ConsumerHub, session: ConsumerConnection
 ) -> None:
     async for frame in ws:
         if session.finishing:
