@@ -1,0 +1,39 @@
+"""`python -m bench.run --quick --only sdk` measures the SDK's path (ScalableTopicProducer over 4
+segments -> StreamConsumers) next to the raw segment path, and every acknowledged message of
+both paths' measured windows reaches the consumers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.integration
+
+
+def test_quick_sdk_bench_reports_both_paths_and_their_ratio(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "bench.run", "--quick", "--only", "sdk", "--out", str(tmp_path)]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+    [section] = json.loads((tmp_path / "latest.json").read_text())["sections"]
+    assert section["name"] == "sdk" and section["error"] is None
+    results = section["data"]["results"]
+    assert set(results) == {"raw", "sdk"}
+    for path in results.values():
+        for phase in ("capacity", "latency"):
+            step = path[phase]
+            assert step["produce_msg_s"] > 0 and step["e2e_msg_s"] > 0
+            assert step["errors"] == 0
+            assert step["unreceived"] == 0, "an acknowledged message never reached a consumer"
+            assert 0 < step["e2e_p50_ms"] <= step["e2e_p99_ms"] <= step["e2e_max_ms"]
+        assert path["latency"]["offered_msg_s"] == results["sdk"]["latency"]["offered_msg_s"]
+    ratio = results["sdk"]["capacity"]["e2e_msg_s"] / results["raw"]["capacity"]["e2e_msg_s"]
+    assert section["data"]["ratio"] == pytest.approx(ratio)
+    markdown = (tmp_path / "latest.md").read_text()
+    assert "SDK end-to-end throughput / raw segment path" in markdown
