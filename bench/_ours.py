@@ -80,28 +80,6 @@ class OursProducer:
         await self.producer.close()
 
 
-class OursMessageProducer:
-    """The SDK's per-message path: `SegmentProducer.send(value, key)` for every message (the
-    client batches them into entries itself), then waits for the entries' acks."""
-
-    def __init__(self, producer: Any, payload: bytes) -> None:
-        self.producer = producer
-        self.payload = payload
-        self.next_key = 0
-
-    async def send(self, n: int) -> None:
-        k = self.next_key
-        send = self.producer.send
-        payload = self.payload
-        futures = {await send(payload, key) for key in _KEYS_TWICE[k : k + n]}
-        self.next_key = (k + n) % len(KEYS)
-        self.producer.flush_batches()
-        await asyncio.shield(asyncio.gather(*futures))
-
-    async def close(self) -> None:
-        await self.producer.close()
-
-
 class OursConsumer:
     def __init__(self, consumer: Any, batch: int) -> None:
         self.consumer = consumer
@@ -131,10 +109,9 @@ class OursConsumer:
 
 
 class OursAdapter:
-    def __init__(self, endpoint: dict[str, Any], per_message: bool = False) -> None:
+    def __init__(self, endpoint: dict[str, Any]) -> None:
         self.url = str(endpoint["url"])
         self.segment = int(endpoint.get("run", 0))
-        self.per_message = per_message
         admin = endpoint.get("adminTokenFile")
         self.admin_token = Path(admin).read_text().strip() if admin else None
         """The admin identity's token when the broker runs with --auth (bench/_auth.py)."""
@@ -154,9 +131,7 @@ class OursAdapter:
                 subscriptions={SUBSCRIPTION: "Exclusive"},
             )
 
-    async def producer(
-        self, payload_size: int, batch: int, window: int
-    ) -> OursProducer | OursMessageProducer:
+    async def producer(self, payload_size: int, batch: int, window: int) -> OursProducer:
         from scalable_topics.client.segment import SegmentProducer
 
         producer = await SegmentProducer.connect(
@@ -165,12 +140,7 @@ class OursAdapter:
             TOPIC,
             self.segment,
             f"bench-{os.getpid()}-{time.monotonic_ns()}",
-            batch_max_messages=batch,
-            batch_max_bytes=64 << 20,
-            linger_ms=5.0 if self.per_message else 0,
         )
-        if self.per_message:
-            return OursMessageProducer(producer, os.urandom(payload_size))
         return OursProducer(producer, os.urandom(payload_size))
 
     async def consumer(self, batch: int) -> OursConsumer:
@@ -184,10 +154,6 @@ class OursAdapter:
 
 async def ours_adapter(endpoint: dict[str, Any]) -> OursAdapter:
     return OursAdapter(endpoint)
-
-
-async def ours_message_adapter(endpoint: dict[str, Any]) -> OursAdapter:
-    return OursAdapter(endpoint, per_message=True)
 
 
 def fsync_stats(endpoint: dict[str, Any]) -> dict[str, float]:

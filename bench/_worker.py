@@ -27,7 +27,6 @@ ADAPTERS = {
     "nats": "bench._peers:nats_adapter",
     "redis": "bench._peers:redis_adapter",
     "ours": "bench._ours:ours_adapter",
-    "ours-msg": "bench._ours:ours_message_adapter",
     "ours-auth": "bench._auth:ours_auth_adapter",
 }
 

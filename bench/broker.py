@@ -26,8 +26,8 @@ SubjectAccessReview against a real kube-apiserver), interleaved with `ours` for 
 
 Set `BENCH_BROKER_SYSTEMS=ours,ours-auth,nats,redis,kafka,kafka-sync` (any subset) to run fewer
 systems;
-`ours-msg` (not run by default) adds our broker driven through the SDK's per-message
-`send(value, key)`.
+the SDK's own path (`ScalableTopicProducer` over 4 segments to `StreamConsumer`s) is measured
+next to this raw path by `bench/sdk.py`.
 """
 
 from __future__ import annotations
@@ -206,20 +206,9 @@ def _systems() -> list[System]:
             tools=True,
         ),
     ]
-    optional = [
-        System(
-            "ours-msg",
-            "segment broker, SDK per-message send()",
-            _ours.DURABILITY,
-            _ours.start_ours,
-            _ours.fsync_stats,
-            _ours.fsync_delta,
-        )
-    ]
     wanted = os.environ.get("BENCH_BROKER_SYSTEMS")
     if not wanted:
         return every
-    every += optional
     keys = {k.strip() for k in wanted.split(",")}
     return [s for s in every if s.key in keys]
 

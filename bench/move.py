@@ -90,10 +90,12 @@ def _pct(values: list[float], q: float) -> float:
 async def _preload(url: str, megabytes: int) -> None:
     """Grow the segment's log to about ``megabytes`` with 64 KiB entries."""
     from scalable_topics.client.segment import SegmentProducer
+    from scalable_topics.core.wire import Message
 
-    producer = await SegmentProducer.connect(url, NS, TOPIC, 0, "preload", linger_ms=0)
+    producer = await SegmentProducer.connect(url, NS, TOPIC, 0, "preload")
+    entry = [Message(b"p" * 65536)]
     try:
-        futures = [await producer.send(b"p" * 65536) for _ in range(megabytes * 16)]
+        futures = [await producer.send_entry(entry) for _ in range(megabytes * 16)]
         await asyncio.gather(*futures)
     finally:
         await producer.close()

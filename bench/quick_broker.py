@@ -10,7 +10,9 @@ sanity check of the broker's hot path. The broker runs pinned to CPU 0, this cli
 Closed loop (default): as fast as the in-flight window allows. Open loop (``--rate``): messages
 are due at ``start + i/rate``; every millisecond the due messages are sent in entries of at most
 ``--batch`` messages; an entry's latency is measured from the due time of its *first* message
-to its ack (coordinated-omission free, conservative for the rest of the entry).
+to its ack (coordinated-omission free, conservative for the rest of the entry). Batches are
+encoded at once and sent with ``SegmentProducer.send_encoded``; the SDK's own path
+(``ScalableTopicProducer``) is measured by ``python -m bench.run --only sdk``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -177,7 +180,7 @@ async def _produce(url: str, args: argparse.Namespace) -> None:
     end = start + args.warmup + args.seconds
     measure_from = start + args.warmup
 
-    def on_ack(due: float, count: int) -> object:
+    def on_ack(due: float, count: int) -> Callable[[asyncio.Future[EntryAck]], None]:
         def cb(fut: asyncio.Future[EntryAck]) -> None:
             if not fut.cancelled() and fut.exception() is None and due >= measure_from:
                 lat.add(time.perf_counter() - due, count, due)
@@ -188,16 +191,9 @@ async def _produce(url: str, args: argparse.Namespace) -> None:
         nonlocal k, sent
         ks = [keys[(k + i) % nkeys] for i in range(n)]
         k = (k + n) % nkeys
-        if args.api == "send":
-            fut = None
-            for key in ks:
-                fut = await producer.send(value, key)
-            assert fut is not None
-            producer.flush_batches()
-        else:
-            payload, count, hmin, hmax, sample, keyed = wire.encode_keyed_values(ks, values[:n])
-            fut = await producer.send_encoded(payload, count, hmin, hmax, sample, keyed)
-        fut.add_done_callback(on_ack(due, n))  # type: ignore[arg-type]
+        payload, count, hmin, hmax, sample, keyed = wire.encode_keyed_values(ks, values[:n])
+        fut = await producer.send_encoded(payload, count, hmin, hmax, sample, keyed)
+        fut.add_done_callback(on_ack(due, n))
         sent += n
 
     if args.rate:
@@ -251,13 +247,6 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=4 << 20, help="in-flight bytes")
     parser.add_argument("--fsync", choices=["always", "interval"], default="always")
     parser.add_argument("--consume", action="store_true", help="also consume (same process)")
-    parser.add_argument(
-        "--api",
-        choices=["encoded", "send"],
-        default="encoded",
-        help="encoded: a batch encoded at once (send_encoded); send: SegmentProducer.send per "
-        "message (the batching path)",
-    )
     parser.add_argument("--data-dir")
     parser.add_argument(
         "--pin",

@@ -220,5 +220,5 @@ async def test_a_storage_failure_is_reported_and_the_broker_keeps_serving(tmp_pa
         assert "Not a directory" in info.value.message
         assert all(s["topic"] != "broken" for s in await admin.list_segments())
         producer = await SegmentProducer.connect(rb.url, NS, TOPIC, 0, "p")
-        assert (await (await producer.send(b"still served"))).position == 0
+        assert (await (await producer.send_entry([Message(b"still served")]))).position == 0
         await producer.close()

@@ -161,7 +161,7 @@ async def test_sigkill_loses_no_acknowledged_entry_and_retries_do_not_duplicate(
         for name in names:
             producer = await SegmentProducer.connect(broker.url, NS, TOPIC, 0, name)
             assert producer.last_sequence_id >= max(acked[name])
-            futs = await producer.resend(unacked[name])
+            futs = [await producer.publish(u.sequence_id, u.entry) for u in unacked[name]]
             acks = await asyncio.gather(*futs)
             total_unacked += len(acks)
             for item, ack in zip(unacked[name], acks, strict=True):

@@ -259,13 +259,15 @@ async def test_key_shared_delivers_each_bucket_to_its_owner_in_order(tmp_path: P
             await SegmentConsumer.connect(rb.url, NS, TOPIC, 0, "ks", "x", buckets=[1, 2])
         assert info.value.code == "BucketConflict"
 
-        producer = await SegmentProducer.connect(rb.url, NS, TOPIC, 0, "p", linger_ms=0)
+        producer = await SegmentProducer.connect(rb.url, NS, TOPIC, 0, "p")
         assert producer.buckets == buckets
         futs = []
         for rnd in range(5):
             for k in keys:
-                futs.append(await producer.send(f"{k}:{rnd}".encode(), key=k))
-        # An entry whose keys span buckets is refused (the client batches per bucket).
+                futs.append(
+                    await producer.send_entry([Message(f"{k}:{rnd}".encode(), key=k.encode())])
+                )
+        # An entry whose keys span buckets is refused (the SDK producer cuts entries per bucket).
         spanning = [
             Message(value=b"a", key=b"user-0"),
             *[Message(value=b"b", key=k.encode()) for k in keys],

@@ -17,6 +17,7 @@ from scalable_topics.client.segment import (
     SegmentNotWritableError,
     SegmentProducer,
 )
+from scalable_topics.core.wire import Message
 from segment_broker.testing import BrokerProcess, running_broker
 
 pytestmark = pytest.mark.integration
@@ -70,7 +71,7 @@ async def test_handshake_is_held_until_activation_and_fence_survives_sigkill(
             assert summary["writable"] is True
             async with asyncio.timeout(15):
                 producer = await connect
-            ack = await (await producer.send(b"first", key=b"k"))
+            ack = await (await producer.send_entry([Message(b"first", key=b"k")]))
             assert ack.position == 0
             await producer.close()
             opened = 'segment_broker_fenced_handshakes_total{outcome="opened"}'

@@ -186,7 +186,7 @@ async def test_sealed_segment_moves_with_its_seal_and_drained_cursor(tmp_path: P
         await admin_a.create_segment(NS, TOPIC, SID, 0, 0xFFFF, subscriptions={"s": "Exclusive"})
         producer = await SegmentProducer.connect(a.url, NS, TOPIC, SID, "p")
         for i in range(10):
-            await (await producer.send(b"m%d" % i, key=b"k"))
+            await (await producer.send_entry([wire.Message(b"m%d" % i, key=b"k")]))
         await producer.close()
         successors = [{"segmentId": 2, "range": {"start": 0, "end": 0x7FFF}, "brokerUrl": a.url}]
         seal = await admin_a._call(
@@ -284,10 +284,10 @@ async def test_copy_of_large_entries_passes_the_admin_body_limit(tmp_path: Path)
         SegmentAdmin(b.url) as admin_b,
     ):
         await admin_a.create_segment(NS, TOPIC, SID, 0, 0xFFFF, subscriptions={"s": "Exclusive"})
-        producer = await SegmentProducer.connect(a.url, NS, TOPIC, SID, "big", linger_ms=0)
+        producer = await SegmentProducer.connect(a.url, NS, TOPIC, SID, "big")
         sizes = [700_000, 700_000, 700_000, 2_500_000]
         for i, size in enumerate(sizes):
-            await (await producer.send(bytes([i]) * size))
+            await (await producer.send_entry([wire.Message(bytes([i]) * size)]))
         await producer.close()
         src, dst = (TransferAdmin(x, NS, TOPIC, SID) for x in (admin_a, admin_b))
         report = await copy(src, dst)

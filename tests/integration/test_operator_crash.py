@@ -79,7 +79,7 @@ async def accepts_writes(stack: Stack, url: str, segment_id: int) -> bool:
             return False
     producer = await SegmentProducer.connect(url, "default", TOPIC, segment_id, "probe")
     try:
-        ack = await asyncio.wait_for(await producer.send(b"probe"), 10)
+        ack = await asyncio.wait_for(await producer.send_entry([wire.Message(b"probe")]), 10)
         return ack is not None
     except SegmentError:
         return False

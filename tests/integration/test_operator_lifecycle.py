@@ -23,6 +23,7 @@ import yaml
 
 from scalable_topics.client.segment import SegmentError, SegmentProducer, SegmentSealedError
 from scalable_topics.core.layout import SegmentLayout
+from scalable_topics.core.wire import Message
 
 from .conftest import metric_samples
 from .operator_harness import (
@@ -390,7 +391,10 @@ async def test_auto_split_under_load(stack: Stack) -> None:
                 continue
             try:
                 while not stop.is_set():
-                    acks = [await producer.send(b"x" * 100, key=f"k{sent + j}") for j in range(50)]
+                    acks = [
+                        await producer.send_entry([Message(b"x" * 100, key=b"k%d" % (sent + j))])
+                        for j in range(50)
+                    ]
                     await asyncio.gather(*acks)
                     sent += 50
                     await asyncio.sleep(0.1)  # pacing of the load generator, not a wait

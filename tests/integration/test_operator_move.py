@@ -24,6 +24,7 @@ from scalable_topics.client import ScalableTopicProducer, StreamConsumer
 from scalable_topics.client.segment import SegmentConsumer, SegmentError, SegmentProducer
 from scalable_topics.controller.transfer import TRANSFER_FAULT_POINTS
 from scalable_topics.core.transfer import DRAIN_ANNOTATION
+from scalable_topics.core.wire import Message
 from scalable_topics.localcluster.restclient import EVENTS, STATEFULSETS
 from tests.chaos.checker import RestartKind, check
 from tests.chaos.workload import ConsumerRunner, OpenLoopWriter, ReadingConsumer, Recorder
@@ -54,7 +55,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
         url = (await running.broker_segments(TOPIC))[SID]
         producer = await SegmentProducer.connect(url, "default", TOPIC, SID, "seed")
         for i in range(50):  # one entry each
-            await (await producer.send(b"entry-%d" % i, key=b"k%d" % i))
+            await (await producer.send_entry([Message(b"entry-%d" % i, key=b"k%d" % i)]))
         await producer.close()
         subscription = "billing"
         consumer = await SegmentConsumer.connect(url, "default", TOPIC, SID, subscription, "c")
@@ -82,7 +83,9 @@ async def accepts_writes(url: str) -> bool:
             return False
     producer = await SegmentProducer.connect(url, "default", TOPIC, SID, "probe")
     try:
-        return await asyncio.wait_for(await producer.send(b"probe"), 10) is not None
+        return (
+            await asyncio.wait_for(await producer.send_entry([Message(b"probe")]), 10) is not None
+        )
     except SegmentError:
         return False
     finally:

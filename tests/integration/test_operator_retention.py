@@ -18,6 +18,7 @@ import pytest_asyncio
 from scalable_topics.client.segment import SegmentConsumer, SegmentProducer
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.resources import parse_time
+from scalable_topics.core.wire import Message
 
 from .operator_harness import (
     TOPICS,
@@ -102,7 +103,7 @@ async def produce(stack: Stack, name: str, segment_id: int, count: int = MESSAGE
     producer = await SegmentProducer.connect(url, "default", name, segment_id, "loader")
     try:
         for k in range(count):
-            await (await producer.send(f"m{k}".encode()))
+            await (await producer.send_entry([Message(f"m{k}".encode())]))
     finally:
         await producer.close()
     return url

@@ -38,6 +38,7 @@ from scalable_topics.client.segment import (
 )
 from scalable_topics.core import sessions as proto
 from scalable_topics.core.auth import AUDIENCE
+from scalable_topics.core.wire import Message
 from scalable_topics.credentials import client_session
 
 from .conftest import metric_samples
@@ -172,7 +173,7 @@ async def _produce(s: Secured, who: str | None) -> int:
             s.broker_url, "default", TOPIC, 0, f"p-{who}", session=session
         )
         try:
-            ack = await (await producer.send(b"hello"))
+            ack = await (await producer.send_entry([Message(b"hello")]))
             return ack.position
         finally:
             await producer.close()

@@ -7,7 +7,11 @@
   go round-robin over the active segments;
 * messages are batched per segment and cut into entries per entry bucket (each entry holds one
   bucket's keys, the codec stamps its ``hashB`` min/max), bounded by ``batch_max_messages``,
-  ``batch_max_bytes`` and ``linger_ms``;
+  ``batch_max_bytes`` and ``linger_ms``. This is the SDK's only batching: a segment's batches,
+  entries and sequence ids live in its ``_Link``, which outlives connections, and each entry is
+  encoded once, when it first reaches the head of the link's outbox, and handed to the
+  connection with :meth:`SegmentProducer.publish` - on its first send and on every re-send alike
+  (the connection itself only sends entries, within its in-flight window);
 * ``send`` resolves once the broker acknowledged the entry as durable, to a :class:`MessageId`;
 * sequence ids are per segment and producer name, kept across reconnects: after a broker
   restart the unacknowledged entries are resent byte for byte and the broker answers the ones
@@ -56,7 +60,6 @@ from .segment import (
     SegmentNotWritableError,
     SegmentProducer,
     SegmentSealedError,
-    UnackedEntry,
 )
 
 __all__ = ["MessageId", "ProducerClosedError", "ScalableTopicProducer"]
@@ -387,7 +390,6 @@ class ScalableTopicProducer:
                     link.segment_id,
                     self.name,
                     session=self._session,
-                    linger_ms=0,
                     max_inflight_bytes=self.max_inflight_bytes,
                 )
             except SegmentNotFoundError:
@@ -511,7 +513,7 @@ class ScalableTopicProducer:
                     )
                 assert entry.data is not None
                 try:
-                    (future,) = await producer.resend([UnackedEntry(entry.seq, entry.data)])
+                    future = await producer.publish(entry.seq, entry.data)
                 except SegmentError:
                     break
                 link.outbox.popleft()

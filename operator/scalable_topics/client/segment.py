@@ -6,14 +6,17 @@ The SDK builds key routing, DAG following and consumer assignment on top of thes
 Producing::
 
     producer = await SegmentProducer.connect(url, "ns", "orders", 0, "producer-1")
-    fut = await producer.send(b"value", key=b"customer-7")   # waits only for window space
-    ack = await fut                                          # EntryAck(position, ...)
+    fut = await producer.send_entry([Message(b"value", key=b"customer-7")])  # waits for window
+    ack = await fut                                                          # EntryAck(position)
 
-``send`` batches messages into entries (``batch_max_messages``/``batch_max_bytes``/``linger_ms``;
-one entry per bucket when the segment has several entry buckets) and returns the future of the
-entry the message went into. When the segment is sealed every unacknowledged entry's future
-fails with :class:`SegmentSealedError`, which carries the successors and the unacknowledged
-entries (in order) so the caller can re-route them.
+A :class:`SegmentProducer` sends entries, it does not batch: each call is one entry (the
+caller's messages, ``send_entry``; a payload the caller encoded, ``send_encoded``; or an encoded
+entry under the caller's sequence id, ``publish``), with at most ``max_inflight_bytes`` of them
+unacknowledged. Batching messages into entries, per entry bucket, is the job of the SDK's
+:class:`~scalable_topics.client.producer.ScalableTopicProducer`, whose per-segment batches
+outlive a connection and are re-sent (``publish``) or re-routed. When the segment is sealed
+every unacknowledged entry's future fails with :class:`SegmentSealedError`, which carries the
+successors and the unacknowledged entries (in order) so the caller can re-route them.
 """
 
 from __future__ import annotations
@@ -23,14 +26,13 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from scalable_topics.brokeradmin import AdminError, SegmentAdmin
 from scalable_topics.core import auth, transfer, wire
-from scalable_topics.core.hashing import bucket_hash
 from scalable_topics.core.wire import EntryHeader, Message, Successor
 from scalable_topics.credentials import (
     TLS_VERIFICATION_FAILED,
@@ -76,8 +78,9 @@ class SegmentError(Exception):
 
 @dataclass(frozen=True)
 class UnackedEntry:
-    """An entry the broker did not acknowledge; resend it (same producer name and sequence id,
-    so a copy that did get stored is recognised as a duplicate) or re-route its messages."""
+    """An entry the broker did not acknowledge; publish it again (:meth:`SegmentProducer.publish`
+    with the same producer name and sequence id, so a copy that did get stored is recognised as
+    a duplicate) or re-route its messages."""
 
     sequence_id: int
     entry: bytes
@@ -271,15 +274,6 @@ class _Pending:
     future: asyncio.Future[EntryAck]
 
 
-@dataclass(slots=True)
-class _Batch:
-    keys: list[bytes | None] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
-    size: int = 0
-    future: asyncio.Future[EntryAck] | None = None
-    timer: asyncio.TimerHandle | None = None
-
-
 class SegmentProducer:
     def __init__(
         self,
@@ -288,9 +282,6 @@ class SegmentProducer:
         producer_name: str,
         hello: Mapping[str, Any],
         *,
-        batch_max_messages: int,
-        batch_max_bytes: int,
-        linger_ms: float,
         max_inflight_bytes: int | None,
     ) -> None:
         self._ws = ws
@@ -301,18 +292,18 @@ class SegmentProducer:
         self.range = (int(hello["range"]["start"]), int(hello["range"]["end"]))
         self.buckets = int(hello.get("buckets", 1))
         self.last_sequence_id = int(hello.get("lastSequenceId", -1))
+        """The highest sequence id of this producer name the broker stored (at the handshake)
+        or that was sent since."""
+        self._last_sent = -1
+        """The sequence id of the last entry sent on this connection."""
         server_window = int(hello.get("maxInflightBytes", 8 << 20))
         self.max_inflight_bytes = min(max_inflight_bytes or server_window, server_window)
         self.max_entry_bytes = int(hello.get("maxEntryBytes", wire.MAX_ENTRY_SIZE))
-        self.batch_max_messages = batch_max_messages
-        self.batch_max_bytes = batch_max_bytes
-        self.linger = linger_ms / 1000.0
         self._loop = asyncio.get_running_loop()
         self._pending: deque[_Pending] = deque()
         self._inflight_bytes = 0
         self._window = asyncio.Event()
         self._window.set()
-        self._batches: dict[int, _Batch] = {}
         self._failure: SegmentError | None = None
         self._failed = asyncio.Event()
         self._closing = False
@@ -330,9 +321,6 @@ class SegmentProducer:
         producer_name: str,
         *,
         session: aiohttp.ClientSession | None = None,
-        batch_max_messages: int = 1000,
-        batch_max_bytes: int = 256 * 1024,
-        linger_ms: float = 2.0,
         max_inflight_bytes: int | None = None,
     ) -> SegmentProducer:
         sess = _Session(session)
@@ -349,97 +337,21 @@ class SegmentProducer:
         except BaseException:
             await sess.close()
             raise
-        return cls(
-            ws,
-            sess,
-            producer_name,
-            hello,
-            batch_max_messages=batch_max_messages,
-            batch_max_bytes=batch_max_bytes,
-            linger_ms=linger_ms,
-            max_inflight_bytes=max_inflight_bytes,
-        )
+        return cls(ws, sess, producer_name, hello, max_inflight_bytes=max_inflight_bytes)
 
     # --- sending -------------------------------------------------------------------------------
-
-    def _next_seq(self) -> int:
-        self.last_sequence_id += 1
-        return self.last_sequence_id
-
-    async def send(
-        self,
-        value: bytes,
-        key: bytes | str | None = None,
-        *,
-        timestamp_ms: int | None = None,
-        properties: Mapping[str, str] | None = None,
-    ) -> asyncio.Future[EntryAck]:
-        """Add a message to the open batch of its bucket; returns that entry's future."""
-        if self._failure is not None:
-            raise self._failure
-        if not self._window.is_set():
-            await self._wait_window()
-        kb = key.encode("utf-8") if isinstance(key, str) else key
-        lane = -1
-        if kb is not None and self.buckets > 1:
-            lane = wire.bucket_of(bucket_hash(kb), self.buckets)
-        batch = self._batches.get(lane)
-        if batch is None:
-            batch = self._batches[lane] = _Batch(future=self._loop.create_future())
-            if self.linger > 0:
-                batch.timer = self._loop.call_later(self.linger, self._flush_lane, lane)
-        batch.messages.append(
-            Message(value=value, key=kb, timestamp_ms=timestamp_ms, properties=properties or {})
-        )
-        batch.size += len(value) + (len(kb) if kb else 0) + 7
-        fut = batch.future
-        assert fut is not None
-        if (
-            len(batch.messages) >= self.batch_max_messages
-            or batch.size >= self.batch_max_bytes
-            or self.linger <= 0
-        ):
-            self._flush_lane(lane)
-        return fut
-
-    def _flush_lane(self, lane: int) -> None:
-        batch = self._batches.pop(lane, None)
-        if batch is None or not batch.messages:
-            return
-        if batch.timer is not None:
-            batch.timer.cancel()
-        assert batch.future is not None
-        try:
-            entry = wire.encode_entry(
-                self.producer_name,
-                self._next_seq(),
-                batch.messages,
-                publish_time_ms=int(time.time() * 1000),
-            )
-            self._transmit([(self.last_sequence_id, entry, batch.future)])
-        except Exception as exc:
-            batch.future.set_exception(exc)
-
-    def flush_batches(self) -> None:
-        """Turn every open batch into an entry now."""
-        for lane in list(self._batches):
-            self._flush_lane(lane)
 
     async def send_entry(
         self, messages: Sequence[Message], *, sequence_id: int | None = None
     ) -> asyncio.Future[EntryAck]:
-        """Send ``messages`` as one entry (caller-side batching)."""
-        if self._failure is not None:
-            raise self._failure
-        if not self._window.is_set():
-            await self._wait_window()
+        """Send ``messages`` as one entry; ``sequence_id`` (default: the next one) must be above
+        :attr:`last_sequence_id`."""
+        await self._wait_window()
         seq = self._take_seq(sequence_id)
         entry = wire.encode_entry(
             self.producer_name, seq, messages, publish_time_ms=int(time.time() * 1000)
         )
-        fut: asyncio.Future[EntryAck] = self._loop.create_future()
-        self._transmit([(seq, entry, fut)])
-        return fut
+        return self._transmit(seq, entry)
 
     async def send_encoded(
         self,
@@ -453,10 +365,7 @@ class SegmentProducer:
         sequence_id: int | None = None,
     ) -> asyncio.Future[EntryAck]:
         """Fastest path: a payload from ``wire.encode_keyed_values``/``encode_values``."""
-        if self._failure is not None:
-            raise self._failure
-        if not self._window.is_set():
-            await self._wait_window()
+        await self._wait_window()
         seq = self._take_seq(sequence_id)
         entry = wire.encode_entry_raw(
             self._name_bytes,
@@ -469,50 +378,53 @@ class SegmentProducer:
             key_hash_sample=key_hash_sample,
             publish_time_ms=int(time.time() * 1000),
         )
-        fut: asyncio.Future[EntryAck] = self._loop.create_future()
-        self._transmit([(seq, entry, fut)])
-        return fut
+        return self._transmit(seq, entry)
 
-    async def resend(self, entries: Sequence[UnackedEntry]) -> list[asyncio.Future[EntryAck]]:
-        """Resend entries from a failed connection of the same producer name (deduplicated)."""
-        futs = []
-        for item in entries:
-            if self._failure is not None:
-                raise self._failure
-            if not self._window.is_set():
-                await self._wait_window()
-            fut: asyncio.Future[EntryAck] = self._loop.create_future()
-            self.last_sequence_id = max(self.last_sequence_id, item.sequence_id)
-            self._transmit([(item.sequence_id, item.entry, fut)])
-            futs.append(fut)
-        return futs
+    async def publish(self, sequence_id: int, entry: bytes) -> asyncio.Future[EntryAck]:
+        """Send an entry the caller encoded under ``sequence_id`` (its header's), waiting only
+        for window space; the future resolves with the broker's acknowledgement.
+
+        The first send of an entry and the re-send of one a lost connection left without a
+        verdict are the same call: the broker stores an entry whose sequence id is above the
+        last one it stored for the producer name and answers a lower one as a duplicate, with
+        the original position. So the ids sent on one connection must increase: a lower id
+        after a higher one would be acknowledged as a duplicate without being stored, and is
+        refused here (``ValueError``) before anything is sent."""
+        await self._wait_window()
+        if sequence_id <= self._last_sent:
+            raise ValueError(
+                f"sequence id {sequence_id} is not above {self._last_sent}, the last one sent "
+                "on this connection: the broker would answer it as a duplicate"
+            )
+        return self._transmit(sequence_id, entry)
 
     def _take_seq(self, sequence_id: int | None) -> int:
         if sequence_id is None:
-            return self._next_seq()
+            return self.last_sequence_id + 1
         if sequence_id <= self.last_sequence_id:
             raise ValueError(
                 f"sequence id {sequence_id} is not above the last one {self.last_sequence_id}"
             )
-        self.last_sequence_id = sequence_id
         return sequence_id
 
-    def _transmit(self, items: list[tuple[int, bytes, asyncio.Future[EntryAck]]]) -> None:
-        for seq, entry, _ in items:
-            if len(entry) > self.max_entry_bytes:
-                # Sent anyway it would close the connection with a protocol error.
-                raise ValueError(
-                    f"entry {seq} has {len(entry)} bytes, more than the broker's "
-                    f"{self.max_entry_bytes}"
-                )
-        frame = wire.encode_send([e for _, e, _ in items])
-        for seq, entry, fut in items:
-            self._pending.append(_Pending(seq, entry, fut))
-            self._inflight_bytes += len(entry)
+    def _transmit(self, seq: int, entry: bytes) -> asyncio.Future[EntryAck]:
+        """Send one entry (the window was awaited); every send goes through here."""
+        if len(entry) > self.max_entry_bytes:
+            # Sent anyway it would close the connection with a protocol error.
+            raise ValueError(
+                f"entry {seq} has {len(entry)} bytes, more than the broker's {self.max_entry_bytes}"
+            )
+        frame = wire.encode_send([entry])
+        future: asyncio.Future[EntryAck] = self._loop.create_future()
+        self._pending.append(_Pending(seq, entry, future))
+        self._inflight_bytes += len(entry)
+        self._last_sent = seq
+        self.last_sequence_id = max(self.last_sequence_id, seq)
         if self._inflight_bytes >= self.max_inflight_bytes:
             self._window.clear()
         task = self._loop.create_task(self._ws.send_bytes(frame))
         task.add_done_callback(self._sent)
+        return future
 
     def _sent(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None and self._failure is None:
@@ -527,8 +439,7 @@ class SegmentProducer:
             raise self._failure
 
     async def flush(self) -> None:
-        """Send open batches and wait until every entry sent so far is acknowledged."""
-        self.flush_batches()
+        """Wait until every entry sent so far is acknowledged."""
         futs = [p.future for p in self._pending]
         if futs:
             await asyncio.gather(*futs)
@@ -610,8 +521,6 @@ class SegmentProducer:
     def _fail(self, error: SegmentError) -> None:
         if self._failure is not None:
             return
-        for lane in list(self._batches):
-            self._flush_lane_local(lane)
         if isinstance(error, _FailureWithEntries):
             error.unacked = [UnackedEntry(p.sequence_id, p.entry) for p in self._pending]
         self._failure = error
@@ -622,18 +531,6 @@ class SegmentProducer:
                 p.future.set_exception(error)
                 p.future.exception()
         self._window.set()
-
-    def _flush_lane_local(self, lane: int) -> None:
-        """Encode an open batch into ``_pending`` without sending it (on failure), so that
-        it is reported as unacknowledged along with the rest."""
-        batch = self._batches.pop(lane)
-        if batch.timer is not None:
-            batch.timer.cancel()
-        if not batch.messages or batch.future is None:
-            return
-        seq = self._next_seq()
-        entry = wire.encode_entry(self.producer_name, seq, batch.messages)
-        self._pending.append(_Pending(seq, entry, batch.future))
 
     @property
     def failure(self) -> SegmentError | None:
@@ -646,7 +543,7 @@ class SegmentProducer:
         return self._failure
 
     async def close(self, *, flush: bool = True) -> None:
-        """Flush and wait for the acks (``flush=False``: at once), close. Failed entries stay
+        """Wait for the acks (``flush=False``: at once), close. Failed entries stay
         failed; with ``flush=False`` the unacknowledged ones fail with
         :class:`ConnectionClosedError` (listed in its ``unacked``)."""
         if not self._closing:
@@ -720,6 +617,9 @@ class SegmentConsumer:
         self.end_of_buckets = False
         """Protocol v2: every entry of the buckets named in ``HELLO`` up to the seal was
         delivered (queued here); ``last_position`` is the seal's last position."""
+        self.buckets_done: set[int] = set()
+        """Protocol v3: buckets named in ``HELLO`` every entry of which up to the seal is
+        acknowledged by the subscription (``BUCKETS_DONE``)."""
         self.last_position: int | None = None
         self.failure: SegmentError | None = None
         self._reader = self._loop.create_task(self._read_loop())
@@ -778,6 +678,9 @@ class SegmentConsumer:
                 elif kind == wire.FRAME_END_OF_BUCKETS:
                     self.last_position = wire.decode_end_of_buckets(data)
                     self.end_of_buckets = True
+                elif kind == wire.FRAME_BUCKETS_DONE:
+                    self.last_position, done = wire.decode_buckets_done(data)
+                    self.buckets_done.update(done)
                 elif kind == wire.FRAME_ERROR:
                     self.failure = _error_from(wire.decode_json_frame(data), ws.close_code)
                     break
@@ -839,6 +742,14 @@ class SegmentConsumer:
         """Wait until entries are queued, the segment (or the named buckets) ended, or the
         connection failed."""
         if self._queue or self.end_of_segment or self.end_of_buckets or self.failure is not None:
+            return
+        self._ready.clear()
+        await self._ready.wait()
+
+    async def wait_frame(self) -> None:
+        """Wait for the next frame from the broker (or the connection's end): check the state,
+        then wait, with nothing awaited in between."""
+        if self.end_of_segment or self.failure is not None:
             return
         self._ready.clear()
         await self._ready.wait()
