@@ -119,6 +119,10 @@ class ConsumerConnection(Connection):
         if self.version >= 2:
             self.send(wire.encode_end_of_buckets(last_position))
 
+    def buckets_done(self, last_position: int, buckets: list[int]) -> None:
+        if self.version >= 3:
+            self.send(wire.encode_buckets_done(last_position, buckets))
+
     def corrupted(self, corruption: Corruption) -> None:
         closing = corrupted_error(corruption)
         self.close_soon(closing.code, str(closing), closing.close_code, closing.extra)

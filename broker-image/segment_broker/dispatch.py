@@ -28,6 +28,10 @@ are gone, and the parked entries are re-sorted into the new kind's lanes when it
 A bucket has one owner at a time, so a bucket moves to a new consumer only once its previous
 owner has detached; what that owner had not acknowledged is redelivered first, in position
 order.
+
+On a sealed segment a bucket owner hears, per bucket, when every entry of it up to the seal is
+acknowledged (``BUCKETS_DONE``, protocol v3): the children's buckets covering those keys may
+start before the rest of the segment is consumed (per-bucket ordering, PIP-486).
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ class ConsumerSink(Protocol):
     def end_of_buckets(self, last_position: int) -> None:
         """Every entry of the consumer's buckets up to the seal was delivered to it."""
 
+    def buckets_done(self, last_position: int, buckets: list[int]) -> None:
+        """Every entry of ``buckets`` (of the consumer's) up to the seal is acknowledged."""
+
     def corrupted(self, corruption: Corruption) -> None:
         """The consumer reached the first damaged position of a quarantined segment."""
 
@@ -73,6 +80,7 @@ class ConsumerSink(Protocol):
 class Consumer:
     __slots__ = (
         "buckets",
+        "buckets_done_sent",
         "buckets_end_sent",
         "corruption_sent",
         "eos_sent",
@@ -98,6 +106,7 @@ class Consumer:
         """``pending`` is in ascending position order (no redelivery went out of order)."""
         self.eos_sent = False
         self.buckets_end_sent = False
+        self.buckets_done_sent: set[int] = set()
         self.corruption_sent = False
 
 
@@ -401,6 +410,11 @@ class Dispatcher:
         ):
             consumer.buckets_end_sent = True
             consumer.sink.end_of_buckets(seal.last_position)
+        done = self._buckets_done(consumer)
+        if done:
+            assert seal is not None
+            consumer.buckets_done_sent.update(done)
+            consumer.sink.buckets_done(seal.last_position, done)
         if seal is not None and not consumer.eos_sent and self.segment.drained(self.cursor):
             consumer.eos_sent = True
             consumer.sink.end_of_segment(seal.last_position)
@@ -418,6 +432,29 @@ class Dispatcher:
             # more comes instead of leaving the consumer waiting.
             consumer.corruption_sent = True
             consumer.sink.corrupted(corruption)
+
+    def _buckets_done(self, consumer: Consumer) -> list[int]:
+        """The consumer's buckets of a sealed segment, not reported yet, every entry of which
+        up to the seal is acknowledged by the subscription: every position was examined
+        (``next_read`` is past the seal), none of the bucket is parked for redelivery and none
+        is delivered and unacknowledged. Only for bucket owners (keyed dispatch, where lanes
+        are buckets); a whole-segment consumer hears ``END_OF_SEGMENT``."""
+        seal = self.segment.seal
+        if (
+            seal is None
+            or consumer.buckets is None
+            or not self.keyed
+            or self.segment.corruption is not None
+            or self.next_read <= seal.last_position
+        ):
+            return []
+        unsent = consumer.buckets - consumer.buckets_done_sent
+        if not unsent:
+            return []
+        busy = set(self.lanes)
+        for c in self.consumers:
+            busy.update(c.pending.values())
+        return sorted(b for b in unsent if b not in busy)
 
     def _parked_for(self, consumer: Consumer) -> bool:
         """Entries parked for redelivery that could still go to ``consumer``."""

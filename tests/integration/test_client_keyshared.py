@@ -31,7 +31,7 @@ from segment_broker.testing import BrokerProcess
 from tests.chaos.checker import RestartKind, check
 from tests.chaos.workload import OpenLoopWriter, Recorder
 
-from .client_harness import OperatorReplica, TopicEnv
+from .client_harness import KeyedLoad, OperatorReplica, TopicEnv, check_order
 from .conftest import eventually
 from .test_client_queue_order import Interval, Worker, check_exclusive, progressed
 
@@ -351,3 +351,94 @@ async def test_a_sigkilled_stream_consumer_loses_its_buckets_after_the_grace_per
     assert report.valid, report.summary()
     assert report.lost == report.reordered == report.skips == 0, report.summary()
     check_exclusive(intervals)
+
+
+async def test_a_child_bucket_starts_while_another_parent_bucket_still_has_backlog(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    """Per-bucket ordering across a split (protocol v3 ``BUCKETS_DONE``): a one-segment topic
+    of 4 buckets shared by two stream consumers (buckets 0-1 and 2-3) splits into two children
+    of 2 buckets; child bucket 0 holds the keys of parent buckets 0 and 1 only. The consumer of
+    parent buckets 2-3 holds its messages unacknowledged, yet once the other acknowledged
+    parent buckets 0-1 the children's bucket 0 is read - while the parent still has backlog -
+    and every key still comes in order."""
+    env = TopicEnv(
+        operator, [b.url for b in brokers], NS, "perbucket", subscriptions={SUB: "Stream"}
+    )
+    await env.create(1)  # bucket budget 4: one segment of 4 buckets
+    keys = [f"k{i}" for i in range(24)]
+    bucket_of_key = {k: bucket_of(bucket_hash(k), 4) for k in keys}
+    assert set(bucket_of_key.values()) == {0, 1, 2, 3}
+    consumers = {
+        n: StreamConsumer(env.service_url, NS, env.topic, SUB, n, permits=16) for n in "ab"
+    }
+    received: list[tuple[str, int]] = []
+    by_consumer: dict[str, list[tuple[int, str, int]]] = defaultdict(list)
+    held: list[Message] = []
+    release = asyncio.Event()
+    child_while_held: list[tuple[int, str]] = []
+    slow_name: list[str] = []
+
+    async def run(consumer: StreamConsumer) -> None:
+        while True:
+            message = await consumer.receive()
+            assert message.key is not None
+            key, n = KeyedLoad.parse(message.value)
+            received.append((key, n))
+            by_consumer[consumer.name].append((message.segment_id, key, n))
+            if message.segment_id == 0 and consumer.name in slow_name and not release.is_set():
+                held.append(message)
+                continue
+            if message.segment_id != 0 and held and not release.is_set():
+                child_while_held.append((message.segment_id, key))
+            consumer.ack_nowait(message)
+
+    tasks: list[asyncio.Task[None]] = []
+    load = KeyedLoad(keys)
+    try:
+        for consumer in consumers.values():
+            await consumer.start()
+        await eventually(
+            lambda: len(_coordinator(env).sharers(0)) == 2 and not _coordinator(env).withheld(),
+            within=10,
+        )
+        owners = _coordinator(env).unit_owners()
+        fast = owners[(0, 0)]
+        assert owners[(0, 1)] == fast and owners[(0, 2)] == owners[(0, 3)] != fast, owners
+        slow_name.append(owners[(0, 2)])
+        tasks = [asyncio.create_task(run(c)) for c in consumers.values()]
+        async with ScalableTopicProducer(env.service_url, NS, env.topic, linger_ms=2) as producer:
+            await load.run(producer, 30)  # parent backlog: 30 per key
+            children = await env.split(0)
+            await load.run(producer, 10, first=30)
+            assert not load.errors
+            # the slow consumer holds the parent's buckets 2-3 (its permits are used up, the
+            # rest is backlog); the fast one finished buckets 0-1 and the broker said so
+            await eventually(lambda: bool(child_while_held), within=30)
+            assert 0 not in _coordinator(env).drained_segments
+            stats = await env.stats(0)
+            assert stats["subscriptions"][SUB]["backlog"] > 0
+            assert {bucket_of(bucket_hash(k), 2) for _, k in child_while_held} == {0}
+            assert {bucket_of_key[k] for _, k in child_while_held} <= {0, 1}
+            for segment_id in children:
+                primary = _coordinator(env).owner_of(segment_id)
+                assert primary is not None
+                [entry] = [
+                    s
+                    for s in _coordinator(env).assignment(primary).segments
+                    if s.segment_id == segment_id
+                ]
+                assert not entry.consumable and entry.ready_buckets == (0,)
+            release.set()
+            for message in held:
+                consumers[slow_name[0]].ack_nowait(message)
+            await eventually(lambda: set(load.acked) <= set(received), within=40)
+            await eventually(lambda: 0 in _coordinator(env).drained_segments, within=20)
+        check_order(received, load.acked)  # per key: the parent's 0..29, then 30..39
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for consumer in consumers.values():
+            await consumer.close()
+        await env.close()

@@ -440,6 +440,9 @@ class _Sink:
     def end_of_buckets(self, last_position: int) -> None:
         raise AssertionError("a quarantined segment never ends")
 
+    def buckets_done(self, last_position: int, buckets: list[int]) -> None:
+        raise AssertionError("a quarantined segment never ends")
+
     def corrupted(self, corruption: Corruption) -> None:
         assert self.corruption is None, "told once"
         self.corruption = corruption

@@ -16,8 +16,9 @@ from scalable_topics.core.assignment import (
     CoordinatorResult,
     SubscriptionCoordinator,
     Unit,
+    parent_buckets,
 )
-from scalable_topics.core.buckets import initial_layout_buckets, layout_buckets
+from scalable_topics.core.buckets import bucket_of, initial_layout_buckets, layout_buckets, rebucket
 from scalable_topics.core.layout import SegmentLayout
 
 from .test_core_assignment import NAMES, EventRules
@@ -98,6 +99,8 @@ class KeySharedMachine(EventRules):
         self.coordinator: SubscriptionCoordinator = SubscriptionCoordinator(
             layout, grace_period=60.0, buckets=self.buckets
         )
+        self.reported: dict[int, set[int]] = {}
+        """Sealed segment -> buckets reported consumed (accepted reports)."""
 
     def apply(self, event: Callable[[Any], CoordinatorResult]) -> CoordinatorResult:
         before = self.coordinator.assignments()
@@ -154,9 +157,64 @@ class KeySharedMachine(EventRules):
         result = self.apply(methodcaller("drained", name, segment_id, self.now))
         assert result.rejected is None, result.rejected
 
+    @precondition(lambda self: any(not s.active for s in self.coordinator.layout.segments.values()))
+    @rule(data=st.data())
+    def buckets_drained(self, data: st.DataObject) -> None:
+        """A consumer reports buckets it reads of a sealed segment consumed: shared buckets of
+        a consumable one, or ready buckets of one not consumable yet (its primary)."""
+        coordinator = self.coordinator
+        candidates = [
+            (name, s.segment_id, s.buckets if s.consumable else s.ready_buckets)
+            for name, assignment in coordinator.assignments().items()
+            for s in assignment.segments
+            if s.sealed and (s.ready_buckets or (s.consumable and s.buckets))
+        ]
+        if not candidates:
+            return
+        name, segment_id, buckets = data.draw(st.sampled_from(candidates))
+        assert buckets
+        chosen = data.draw(st.lists(st.sampled_from(buckets), min_size=1, unique=True))
+        result = self.apply(methodcaller("drained", name, segment_id, self.now, chosen))
+        assert result.rejected is None, result.rejected
+        self.reported.setdefault(segment_id, set()).update(chosen)
+
     @invariant()
     def keyshared_invariants(self) -> None:
         check_keyshared(self.coordinator)
+
+    @invariant()
+    def ready_buckets_follow_the_parents_reports(self) -> None:
+        """Computed here from the layout and the accepted reports alone: a bucket of a segment
+        not consumable yet is ready iff every tracked ancestor is a consumable parent of known
+        bucket count all of whose buckets holding its keys were reported."""
+        c = self.coordinator
+        tracked = c.tracked()
+        for s in tracked:
+            segment = c.layout.segments[s]
+            blockers = c.layout.ancestors(s) & tracked
+            expected: tuple[int, ...] = ()
+            n = c.buckets.get(s)
+            if (
+                blockers
+                and n is not None
+                and all(
+                    p in segment.parent_ids and c.is_consumable(p) and p in c.buckets
+                    for p in blockers
+                )
+            ):
+                expected = tuple(
+                    j
+                    for j in range(n)
+                    if all(
+                        set(parent_buckets(j, n, c.buckets[p])) <= self.reported.get(p, set())
+                        for p in blockers
+                    )
+                )
+            assert c.ready_buckets(s) == expected, (s, expected)
+            primary = c.owner_of(s)
+            if primary is not None and not c.is_consumable(s):
+                [entry] = [e for e in c.assignment(primary).segments if e.segment_id == s]
+                assert entry.ready_buckets == expected
 
     @invariant()
     def stable_under_unchanged_input(self) -> None:
@@ -297,3 +355,95 @@ def test_a_shared_sealed_segment_drains_once_every_bucket_was_reported() -> None
     assert 0 not in c.drained_segments and not c.is_consumable(1)
     c.drained(owners[(0, 1)], 0, 3.0, buckets=[1])
     assert 0 in c.drained_segments and c.is_consumable(1) and c.is_consumable(2)
+
+
+# -- per-bucket ordering across splits, merges and rollovers ---------------------------------
+
+
+def test_parent_buckets_are_those_whose_hash_range_overlaps_the_child_bucket() -> None:
+    assert [parent_buckets(j, 2, 4) for j in range(2)] == [range(0, 2), range(2, 4)]  # split
+    assert [parent_buckets(j, 4, 2) for j in range(4)] == [range(0, 1)] * 2 + [range(1, 2)] * 2
+    assert [parent_buckets(j, 3, 2) for j in range(3)] == [range(0, 1), range(0, 2), range(1, 2)]
+    assert parent_buckets(0, 1, 8) == range(8) and parent_buckets(5, 8, 1) == range(1)
+    # exhaustively: a hashB's bucket in the parent is among the child bucket's parent buckets
+    for n, m in [(2, 4), (4, 2), (3, 5), (7, 3), (1, 4)]:
+        for h in range(0, 65536, 97):
+            assert bucket_of(h, m) in parent_buckets(bucket_of(h, n), n, m)
+
+
+def split_shared(parent_n: int = 4) -> SubscriptionCoordinator:
+    """One segment of ``parent_n`` buckets shared by a and b, then split (children N/2)."""
+    layout = SegmentLayout.initial(1)
+    c = SubscriptionCoordinator(layout, grace_period=30.0, buckets={0: parent_n})
+    c.register("a", 0.0)
+    c.register("b", 0.0)
+    release_all(c, 0.0)
+    split = layout.split(0)
+    c.layout_changed(split, 1.0, layout_buckets(split, {0: parent_n}))
+    release_all(c, 1.0)
+    return c
+
+
+def test_a_child_bucket_is_ready_once_the_parent_buckets_covering_its_keys_are_consumed() -> None:
+    c = split_shared()
+    owners = c.unit_owners()
+    low = owners[(0, 0)]
+    assert owners[(0, 1)] == low and owners[(0, 2)] != low, owners
+    assert c.ready_buckets(1) == c.ready_buckets(2) == ()
+    c.drained(low, 0, 2.0, buckets=[0])
+    assert c.ready_buckets(1) == (), "child bucket 0 also holds keys of parent bucket 1"
+    result = c.drained(low, 0, 2.0, buckets=[1])
+    assert result.rejected is None
+    assert c.ready_buckets(1) == c.ready_buckets(2) == (0,)
+    assert not c.is_consumable(1) and 0 not in c.drained_segments
+    # the children's primaries hear it (pushed), on the whole, not yet consumable segment
+    for child in (1, 2):
+        primary = c.owner_of(child)
+        assert primary is not None
+        assert primary in {p.consumer for p in result.push}
+        [entry] = [s for s in c.assignment(primary).segments if s.segment_id == child]
+        assert entry.ready_buckets == (0,) and not entry.consumable and entry.buckets is None
+        assert entry.to_dict()["readyBuckets"] == [0]
+    # the rest of the parent: the children become consumable; ready_buckets no longer matter
+    c.drained(owners[(0, 2)], 0, 3.0, buckets=[2, 3])
+    assert c.is_consumable(1) and c.ready_buckets(1) == ()
+    assert all(
+        s.to_dict()["readyBuckets"] == [] for a in c.assignments().values() for s in a.segments
+    )
+
+
+def test_a_rollover_child_bucket_waits_only_for_its_one_parent_bucket() -> None:
+    layout = SegmentLayout.initial(1)
+    c = SubscriptionCoordinator(layout, grace_period=30.0, buckets={0: 2})
+    c.register("a", 0.0)
+    c.register("b", 0.0)
+    release_all(c, 0.0)
+    rolled = rebucket(layout, [0])
+    c.layout_changed(rolled, 1.0, layout_buckets(rolled, {0: 2}, rebucketed={1: 4}))
+    first = c.unit_owners()[(0, 1)]
+    c.drained(first, 0, 2.0, buckets=[1])
+    assert c.ready_buckets(1) == (2, 3)
+
+
+def test_early_reports_are_checked_and_a_grandparent_holds_everything_back() -> None:
+    c = split_shared(8)  # children N = 4, grandchildren N = 2
+    owners = c.unit_owners()
+    low = owners[(0, 0)]
+    assert [owners[(0, b)] for b in range(8)] == [low] * 4 + [owners[(0, 4)]] * 4 != [low] * 8
+    c.drained(low, 0, 2.0, buckets=[0, 1, 2, 3])
+    assert c.ready_buckets(1) == (0, 1)
+    primary = c.owner_of(1)
+    other = ({"a", "b"} - {primary}).pop()
+    # child 1 splits while not consumable: its children wait for the grandparent 0 as well
+    layout = c.layout.split(1)
+    c.layout_changed(layout, 3.0, layout_buckets(layout, c.buckets))
+    assert c.ready_buckets(1) == (0, 1)
+    assert c.ready_buckets(3) == c.ready_buckets(4) == ()
+    # a sealed child's ready buckets may be reported early by its primary, and only by it
+    assert c.drained(other, 1, 4.0, buckets=[0]).rejected
+    assert c.drained(primary, 1, 4.0, buckets=[2]).rejected, "bucket 2 is not ready"
+    assert c.drained(primary, 1, 4.0, buckets=[0, 1]).rejected is None
+    assert 1 not in c.drained_segments
+    c.drained(owners[(0, 4)], 0, 5.0, buckets=[4, 5, 6, 7])
+    assert c.is_consumable(1)
+    assert c.ready_buckets(3) == c.ready_buckets(4) == (0,), "child 1's buckets 0, 1 reported"

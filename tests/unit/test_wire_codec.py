@@ -136,3 +136,16 @@ def test_decoders_raise_only_wire_errors(data: bytes) -> None:
 def test_message_decoder_raises_only_wire_errors(payload: bytes) -> None:
     with contextlib.suppress(WireError):
         list(wire.iter_messages(payload))
+
+
+def test_buckets_done_frame_round_trips_and_rejects_bad_lengths() -> None:
+    frame = wire.encode_buckets_done(41, [0, 3, 65535])
+    assert frame[0] == wire.FRAME_BUCKETS_DONE and len(frame) == 1 + 8 + 2 + 3 * 2
+    assert wire.decode_buckets_done(frame) == (41, (0, 3, 65535))
+    for bad in (frame[:-1], frame + b"\x00", frame[:11], wire.encode_end_of_buckets(41)):
+        with pytest.raises(wire.WireError):
+            wire.decode_buckets_done(bad)
+    with pytest.raises(wire.WireError):
+        wire.decode_buckets_done(frame[:9] + b"\x00\x00")  # a count of 0
+    with pytest.raises(ValueError):
+        wire.encode_buckets_done(41, [])

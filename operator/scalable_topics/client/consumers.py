@@ -201,6 +201,8 @@ class _Reader:
     settled: asyncio.Event = field(default_factory=asyncio.Event)
     moved_to: str | None = None
     """The new owner a moved close frame named: the next attach goes there (no DAG wait)."""
+    count: int = 1
+    """The segment's bucket count (from the broker's ``HELLO_OK``)."""
 
     @property
     def key(self) -> ReaderKey:
@@ -567,14 +569,26 @@ class _ConsumerBase:
         readable."""
         wanted = frozenset(segment.buckets) if segment.buckets is not None else None
         readers = self._readers_of(segment.segment_id)
+        early = not readable(segment, self._drained)
+        ready = frozenset(segment.ready_buckets)
         for reader in readers:
-            if reader.buckets != wanted and (
-                wanted is None or reader.buckets is None or not reader.buckets <= wanted
-            ):
+            keep = reader.buckets == wanted or (
+                wanted is not None and reader.buckets is not None and reader.buckets <= wanted
+            )
+            # before the segment is readable: its ready buckets (per-bucket order)
+            keep |= early and reader.buckets is not None and reader.buckets <= ready
+            if not keep:
                 self._release(reader)
-        if not readable(segment, self._drained) or any(r.releasing for r in readers):
+        if any(r.releasing for r in readers):
             # a connection being handed over still holds the segment on the broker: attach
             # once it let go (the release re-evaluates) instead of being refused and backing off
+            return
+        if early:
+            covered = set(self._done_buckets.get(segment.segment_id, ()))
+            for reader in readers:
+                covered |= reader.buckets or set()
+            if ready - covered:
+                self._start_reader(segment.segment_id, ready - covered)
             return
         if wanted is None:
             if not readers:
@@ -741,6 +755,7 @@ class _ConsumerBase:
                 if consumer is None:
                     continue
                 reader.consumer = consumer
+                reader.count = consumer.buckets
                 try:
                     done = await self._pump(reader, consumer)
                 except SegmentCorruptedError as exc:
@@ -783,8 +798,16 @@ class _ConsumerBase:
 
     async def _segment_done(self, reader: _Reader) -> None:
         """The segment is drained for this consumer: its readers stop, the next segments in
-        DAG order may start."""
+        DAG order may start. A reader of some of the segment's buckets is done with those only:
+        the controller drains the segment once every bucket was reported."""
         segment_id = reader.segment_id
+        if reader.buckets is not None and len(reader.buckets) < reader.count:
+            log.info("segment %d buckets %s done", segment_id, sorted(reader.buckets))
+            if self._readers.get(reader.key) is reader:
+                del self._readers[reader.key]
+            self._done_buckets.setdefault(segment_id, set()).update(reader.buckets)
+            self._evaluate()
+            return
         log.info("segment %d drained", segment_id)
         self._drained.add(segment_id)
         for other in self._readers_of(segment_id):
@@ -871,6 +894,16 @@ class StreamConsumer(_ConsumerBase):
             await self._wait_room()
             if reader.releasing:
                 break
+            if reader.buckets is not None:
+                # protocol v3: every entry of our buckets of the sealed segment is acknowledged
+                # by the subscription; the children's buckets holding their keys may start
+                if reader.buckets <= consumer.buckets_done:
+                    return True
+                if not consumer.queued and not consumer.end_of_segment:
+                    if consumer.failure is not None:
+                        raise consumer.failure
+                    await consumer.wait_frame()
+                    continue
             item = await consumer.receive()
             if item is None:
                 return True
@@ -1066,18 +1099,8 @@ class CheckpointConsumer(_ConsumerBase):
         return False
 
     async def _segment_done(self, reader: _Reader) -> None:
-        if reader.buckets is not None and len(reader.buckets) < self._bucket_counts.get(
-            reader.segment_id, 1
-        ):
-            # Only our buckets are done: the controller drains the segment once every sharer
-            # reported its buckets.
-            segment_id = reader.segment_id
-            log.info("segment %d buckets %s done", segment_id, sorted(reader.buckets))
-            buckets = tuple(sorted(reader.buckets))
-            if self._readers.get(reader.key) is reader:
-                del self._readers[reader.key]
-            self._done_buckets.setdefault(segment_id, set()).update(buckets)
-            self._evaluate()
+        if reader.buckets is not None and len(reader.buckets) < reader.count:
+            await super()._segment_done(reader)  # only our buckets are done
             return
         self._state_changed.pop(reader.segment_id, None)
         self._positions.pop(reader.segment_id, None)

@@ -66,6 +66,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
+from .buckets import bucket_of, bucket_range
 from .layout import HashRange, SegmentLayout, descriptor
 
 __all__ = [
@@ -83,6 +84,7 @@ __all__ = [
     "SubscriptionCoordinator",
     "Unit",
     "bucket_slices",
+    "parent_buckets",
     "round_robin",
 ]
 
@@ -112,6 +114,16 @@ def round_robin(layout: SegmentLayout, consumers: Iterable[str]) -> dict[str, li
     return result
 
 
+def parent_buckets(bucket: int, buckets: int, parent_buckets: int) -> range:
+    """The buckets of a parent with ``parent_buckets`` buckets that hold keys of ``bucket`` (of
+    ``buckets``) of its child: those whose ``hashB`` range overlaps the child bucket's. Every
+    segment divides the same ``hashB`` ring, so a key's entries in the parent are in one of
+    them (a split halving ``N``: two parent buckets per child bucket; a rollover doubling it:
+    one parent bucket per two child buckets)."""
+    start, end = bucket_range(bucket, buckets)
+    return range(bucket_of(start, parent_buckets), bucket_of(end, parent_buckets) + 1)
+
+
 def bucket_slices(holders: Iterable[str], buckets: int) -> dict[str, tuple[int, ...]]:
     """Contiguous slices of ``buckets`` bucket indexes for ``holders`` in name order: holder
     ``i`` of ``k`` gets ``[i * buckets // k, (i + 1) * buckets // k)``. With more holders than
@@ -134,7 +146,10 @@ class AssignedSegment:
     ``blocked_by`` lists the segment's ancestors that are not drained yet for the subscription,
     parents before children; it is empty exactly when ``consumable`` is true. ``buckets`` are the
     entry buckets of the segment the consumer owns (queue subscriptions; stream subscriptions
-    while the segment is shared); ``None`` means the whole segment.
+    while the segment is shared); ``None`` means the whole segment. ``ready_buckets`` (stream
+    subscriptions, a segment not consumable yet) are the buckets the consumer may read already:
+    every bucket of the undrained parents that covers keys of theirs was consumed
+    (:func:`parent_buckets`; per-bucket ordering across splits, merges and rollovers).
     """
 
     segment_id: int
@@ -143,6 +158,7 @@ class AssignedSegment:
     consumable: bool
     blocked_by: tuple[int, ...] = ()
     buckets: tuple[int, ...] | None = None
+    ready_buckets: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -152,6 +168,7 @@ class AssignedSegment:
             "state": "SEALED" if self.sealed else "ACTIVE",
             "consumable": self.consumable,
             "blockedBy": list(self.blocked_by),
+            "readyBuckets": list(self.ready_buckets),
         }
         if self.buckets is not None:
             body["buckets"] = list(self.buckets)
@@ -921,7 +938,9 @@ class SubscriptionCoordinator(Coordinator[int]):
         self.reassignments_by_segment: dict[int, int] = {}
         """The same, by segment (segments no longer tracked are dropped)."""
         self._drained_units: dict[int, set[int]] = {}
-        """Sealed segment -> buckets reported consumed (checkpoint consumers sharing it)."""
+        """Sealed segment -> buckets reported consumed (consumers reading it by bucket)."""
+        self._ready: dict[int, tuple[int, ...]] = {}
+        """Segment not consumable yet -> its buckets that may be read already."""
         super().__init__(layout, grace_period=grace_period, drained=drained, buckets=buckets)
 
     @property
@@ -948,6 +967,13 @@ class SubscriptionCoordinator(Coordinator[int]):
         """Consumers owning buckets of a consumable segment (one when it is not shared)."""
         return tuple(sorted({n for (s, _), n in self._effective.items() if s == segment_id}))
 
+    def ready_buckets(self, segment_id: int) -> tuple[int, ...]:
+        """Buckets of a segment not consumable yet that may be read already: for each
+        undrained parent, every parent bucket holding keys of theirs (:func:`parent_buckets`) was
+        reported consumed. Only while every undrained ancestor is a consumable parent (a
+        grandparent still to drain holds everything back) and every bucket count is known."""
+        return self._ready.get(segment_id, ())
+
     def drain_wide(self) -> tuple[int, ...]:
         """Sealed segments being drained by more than one consumer."""
         segments = self._layout.segments
@@ -973,17 +999,28 @@ class SubscriptionCoordinator(Coordinator[int]):
         buckets: Iterable[int] | None = None,
     ) -> CoordinatorResult:
         """As :meth:`Coordinator.drained`; with ``buckets``, ``name`` consumed only those
-        buckets of the sealed segment (a checkpoint consumer sharing it, which cannot see the
-        other sharers' progress): the segment is drained once every bucket was reported."""
+        buckets of the sealed segment (a consumer reading it by bucket, which cannot see the
+        other readers' progress): the segment is drained once every bucket was reported. The
+        primary of a segment not consumable yet may report its :meth:`ready_buckets`."""
         if buckets is None or name is None:
             return super().drained(name, segment_id, now)
         reported = set(buckets)
 
         def apply() -> str | None:
-            rejected = self._check_drained(name, segment_id)
+            ready = set(self._ready.get(segment_id, ()))
+            segment = self._layout.segments.get(segment_id)
+            early = (
+                segment is not None
+                and not segment.active
+                and name == self._owner.get(segment_id)
+                and bool(reported)
+                and reported <= ready
+            )
+            rejected = None if early else self._check_drained(name, segment_id)
             if rejected is not None or segment_id not in self._blocked:
                 return rejected
-            mine = {b for (s, b), n in self._effective.items() if s == segment_id and n == name}
+            mine = ready if early else set()
+            mine |= {b for (s, b), n in self._effective.items() if s == segment_id and n == name}
             if not reported <= mine:
                 return (
                     f"buckets {sorted(reported - mine)} of segment {segment_id} are not "
@@ -1075,6 +1112,7 @@ class SubscriptionCoordinator(Coordinator[int]):
                     consumable=i in self._consumable,
                     blocked_by=self._blocked[i],
                     buckets=None if whole else owned,
+                    ready_buckets=self._ready.get(i, ()) if i in held else (),
                 )
             )
         releasing = tuple(sorted(u for u, n in self._withheld.items() if n == name))
@@ -1086,7 +1124,33 @@ class SubscriptionCoordinator(Coordinator[int]):
         self.reassignments_by_segment = {
             s: n for s, n in self.reassignments_by_segment.items() if s in self._blocked
         }
+        self._ready = self._compute_ready()
         self._share()
+
+    def _compute_ready(self) -> dict[int, tuple[int, ...]]:
+        segments = self._layout.segments
+        ready: dict[int, tuple[int, ...]] = {}
+        for s, blockers in self._blocked.items():
+            n = self._buckets.get(s)
+            if not blockers or n is None:
+                continue
+            parents = segments[s].parent_ids
+            if any(
+                p not in parents or p not in self._consumable or p not in self._buckets
+                for p in blockers
+            ):
+                continue
+            found = tuple(
+                j
+                for j in range(n)
+                if all(
+                    set(parent_buckets(j, n, self._buckets[p])) <= self._drained_units.get(p, set())
+                    for p in blockers
+                )
+            )
+            if found:
+                ready[s] = found
+        return ready
 
     def _share(self) -> None:
         """Place helpers, split shared segments' buckets, and track hand-offs (see the class

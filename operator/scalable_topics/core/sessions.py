@@ -308,7 +308,7 @@ class RegisterMessage(_Message):
 
 class DrainedMessage(_Message):
     """The consumer has consumed all of sealed segment ``segment`` for its subscription, or,
-    with ``buckets``, all of those buckets of it (a checkpoint consumer sharing the segment)."""
+    with ``buckets``, all of those buckets of it (a consumer reading the segment by bucket)."""
 
     type: Literal["drained"] = "drained"
     segment: int = Field(ge=0)
@@ -356,13 +356,16 @@ class AssignedSegmentModel(_SegmentModel):
     and reported every segment in ``blockedBy`` (see :mod:`.assignment`). ``buckets`` are the
     indexes of the entry buckets of the segment the consumer owns and names when it attaches
     (as in the broker's consume ``HELLO``); ``None`` is the whole segment. (In the DAG, a
-    segment's ``buckets`` is its bucket count.)
+    segment's ``buckets`` is its bucket count.) ``ready_buckets``: of a segment not consumable
+    yet, the buckets the consumer may read already (per-bucket ordering: the parents' buckets
+    holding their keys are consumed).
     """
 
     consumable: bool
     blocked_by: tuple[int, ...] = ()
     broker_url: str | None = None
     buckets: tuple[int, ...] | None = None
+    ready_buckets: tuple[int, ...] = ()
 
 
 class ReleasingModel(BaseModel):

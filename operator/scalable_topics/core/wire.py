@@ -23,10 +23,11 @@ from typing import Any
 
 import mmh3
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """Highest protocol version this codec speaks. Peers negotiate ``min(client, server)``.
 Version 2 (PIP-486 key-shared stream/checkpoint consumers): an Exclusive subscription honours
-the consume ``HELLO``'s ``buckets``, and ``END_OF_BUCKETS`` exists."""
+the consume ``HELLO``'s ``buckets``, and ``END_OF_BUCKETS`` exists. Version 3 (per-bucket
+ordering across splits, merges and rollovers): ``BUCKETS_DONE`` exists."""
 MIN_PROTOCOL_VERSION = 1
 
 ENTRY_FORMAT = 1
@@ -80,6 +81,7 @@ FRAME_ACK = 0x22
 FRAME_NACK = 0x23
 FRAME_END_OF_SEGMENT = 0x24
 FRAME_END_OF_BUCKETS = 0x25
+FRAME_BUCKETS_DONE = 0x26
 FRAME_ERROR = 0x7F
 
 _HELLO = struct.Struct("<BH")
@@ -783,6 +785,30 @@ def decode_end_of_buckets(frame: bytes | memoryview) -> int:
         raise WireError("bad_frame", "malformed END_OF_BUCKETS frame")
     last: int = _EOS.unpack_from(frame, 0)[1]
     return last
+
+
+_BUCKETS_DONE = struct.Struct("<BqH")
+
+
+def encode_buckets_done(last_position: int, buckets: Sequence[int]) -> bytes:
+    """Version 3: every entry of ``buckets`` (bucket indexes of a sealed segment, which the
+    consumer named) up to the seal's ``last_position`` is acknowledged by the subscription."""
+    if not 1 <= len(buckets) <= 0xFFFF or any(not 0 <= b < RING_SIZE for b in buckets):
+        raise ValueError(f"BUCKETS_DONE needs 1..65535 bucket indexes < 65536, got {buckets!r}")
+    return _BUCKETS_DONE.pack(FRAME_BUCKETS_DONE, last_position, len(buckets)) + struct.pack(
+        f"<{len(buckets)}H", *buckets
+    )
+
+
+def decode_buckets_done(frame: bytes | memoryview) -> tuple[int, tuple[int, ...]]:
+    """``(last position, bucket indexes)`` of a ``BUCKETS_DONE`` frame."""
+    if len(frame) < _BUCKETS_DONE.size or frame[0] != FRAME_BUCKETS_DONE:
+        raise WireError("bad_frame", "malformed BUCKETS_DONE frame")
+    _, last, count = _BUCKETS_DONE.unpack_from(frame, 0)
+    if count == 0 or len(frame) != _BUCKETS_DONE.size + 2 * count:
+        raise WireError("bad_frame", "BUCKETS_DONE frame has the wrong length")
+    buckets: tuple[int, ...] = struct.unpack_from(f"<{count}H", frame, _BUCKETS_DONE.size)
+    return int(last), buckets
 
 
 def decode_end_of_segment(frame: bytes | memoryview) -> int:
