@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 import uuid
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
+from pydantic import ValidationError
 
 from ..core.dagview import render_dag
 from ..core.layout import SegmentLayout
-from ..core.resources import ANNOTATION_REQUEST, GROUP, LABEL_TOPIC, SEGMENT_PLURAL, TOPIC_PLURAL
+from ..core.resources import (
+    ANNOTATION_REQUEST,
+    GROUP,
+    LABEL_TOPIC,
+    SEGMENT_PLURAL,
+    TOPIC_PLURAL,
+    ManualRequest,
+)
 from ..core.resources import VERSION as API_VERSION
 from . import args as cli_args
 from .errors import CliError, NotFoundError
@@ -165,12 +172,12 @@ async def request(
     custom = k8s.CustomObjectsApi(api)
     _check_segments(await read_topic(api, namespace, name), segments)
     request_id = f"cli-{uuid.uuid4().hex[:10]}"
-    body: dict[str, Any] = {"id": request_id, "op": op, "segments": segments}
-    if at is not None:
-        body["at"] = at
-    if to is not None:
-        body["to"] = to
-    patch = {"metadata": {"annotations": {ANNOTATION_REQUEST: json.dumps(body)}}}
+    try:
+        manual = ManualRequest(id=request_id, op=op, segments=segments, at=at, to=to)
+    except ValidationError as exc:
+        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise CliError(f"invalid {op} request: {problems}") from None
+    patch = {"metadata": {"annotations": {ANNOTATION_REQUEST: manual.to_annotation()}}}
     await call(
         api,
         f"annotating scalabletopic {namespace}/{name}",
