@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from .core.subscriptions import BrokerSubscriptionType
 from .core.wire import Successor
 from .credentials import tls_connector
 
@@ -186,7 +187,7 @@ class SegmentAdmin:
         topic: str,
         segment_id: int,
         name: str,
-        sub_type: str = "Exclusive",
+        sub_type: str = BrokerSubscriptionType.EXCLUSIVE,
         *,
         initial_position: str = "earliest",
     ) -> dict[str, Any]:

@@ -13,36 +13,14 @@ A crash may therefore redeliver up to that much acknowledged work: delivery is a
 from __future__ import annotations
 
 import bisect
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalable_topics.core.subscriptions import BrokerSubscriptionType
 
-class SubscriptionType(enum.StrEnum):
-    EXCLUSIVE = "Exclusive"
-    """One consumer at a time; a stream subscription of the SDK uses this type."""
-    QUEUE = "Queue"
-    """Several consumers share the segment, entries round-robin (Pulsar's Shared)."""
-    KEY_SHARED = "KeyShared"
-    """Several consumers; an entry goes to the consumer owning its hashB bucket (PIP-486)."""
-
-    @classmethod
-    def parse(cls, text: str) -> SubscriptionType:
-        norm = text.replace("-", "").replace("_", "").lower()
-        aliases = {
-            "exclusive": cls.EXCLUSIVE,
-            "stream": cls.EXCLUSIVE,
-            "checkpoint": cls.EXCLUSIVE,
-            "queue": cls.QUEUE,
-            "shared": cls.QUEUE,
-            "keyshared": cls.KEY_SHARED,
-        }
-        try:
-            return aliases[norm]
-        except KeyError:
-            raise ValueError(
-                f"unknown subscription type {text!r} (Exclusive, Stream, Queue, KeyShared)"
-            ) from None
+SubscriptionType = BrokerSubscriptionType
+"""The broker's subscription types, defined in core next to the spec's (the controller maps one
+to the other)."""
 
 
 @dataclass

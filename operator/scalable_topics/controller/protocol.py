@@ -39,6 +39,7 @@ from ..core.resources import (
     segment_manifest,
     segment_name,
 )
+from ..core.subscriptions import BrokerSubscriptionType
 from ..core.wire import Successor
 from . import metrics
 from .brokers import BrokerAdmin, broker_unavailable, choose_broker
@@ -214,8 +215,8 @@ class OperationExecutor:
             stats = await self.brokers.at(url).find_stats(ns, name, parent)
             for sub, info in ((stats or {}).get("subscriptions") or {}).items():
                 if sub not in found:
-                    kind = str((info or {}).get("type", "Exclusive"))
-                    found[sub] = "Queue" if kind in ("Queue", "KeyShared") else "Stream"
+                    kind = BrokerSubscriptionType.parse(str((info or {}).get("type", "Exclusive")))
+                    found[sub] = kind.subscription_type.value
         return sorted(found.items())
 
     def _place(self, topic: JsonObj, segment_id: int, existing: JsonObj | None) -> tuple[str, str]:
