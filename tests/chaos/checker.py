@@ -25,6 +25,15 @@ write):
     so a crash can roll a cursor back a little: at-least-once). Anything else is
     ``duplicates_unexplained``. A value stored twice — delivered at two different
     ``(segment, position)`` — is a *double write* and never explained.
+
+    A *checkpoint* session (one with a :class:`CheckpointStart`: a checkpoint consumer keeps
+    its own positions, the broker keeps none for it) is judged by its checkpoint instead: it
+    resumes every segment and entry bucket it is given from the checkpoint it started from, so
+    a redelivery to it is explained (*checkpoint-restore*) exactly when that checkpoint does not
+    cover the message (by segment position, or by ``(segment, bucket)`` position, the bucket
+    computed from ``History.buckets``) and the session had not delivered the value itself
+    before. A checkpoint session that re-reads what its checkpoint covers, or what it already
+    delivered, is an unexplained duplicate whatever restarted.
 ``reordered``
     on an ordered (Stream) subscription, the first delivery of a value after the first delivery
     of a larger value of the same key, whether both went to one session or the larger one went
@@ -66,8 +75,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalable_topics.core.buckets import bucket_of
+from scalable_topics.core.hashing import bucket_hash
+
 __all__ = [
     "CheckReport",
+    "CheckpointStart",
     "Delivery",
     "Example",
     "History",
@@ -122,6 +135,33 @@ class Delivery:
     time: float
     segment: int | None = None
     position: int | None = None
+    batch: int = 0
+    """The message's index in its entry."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointStart:
+    """A checkpoint consumer session started from ``checkpoint`` (the JSON form of
+    :class:`scalable_topics.client.Checkpoint`: ``positions``, ``bucketPositions``,
+    ``drained``)."""
+
+    subscription: str
+    consumer: str
+    session: int
+    checkpoint: dict[str, Any]
+
+    def covers(self, segment: int, position: int, batch: int, bucket: int | None) -> bool:
+        """As ``Checkpoint.covers``: processed before the checkpoint was taken."""
+        if segment in (self.checkpoint.get("drained") or ()):
+            return True
+        at = (position, batch)
+        whole = (self.checkpoint.get("positions") or {}).get(str(segment))
+        if whole is not None and at <= (whole["position"], whole.get("batchIndex", 0)):
+            return True
+        if bucket is None:
+            return False
+        unit = (self.checkpoint.get("bucketPositions") or {}).get(f"{segment}/{bucket}")
+        return unit is not None and at <= (unit["position"], unit.get("batchIndex", 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +197,9 @@ class History:
     sends: list[Send] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
     restarts: list[Restart] = field(default_factory=list)
+    checkpoints: list[CheckpointStart] = field(default_factory=list)
+    buckets: dict[int, int] = field(default_factory=dict)
+    """Segment -> entry-bucket count (to place a key in a checkpoint's bucket positions)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -164,6 +207,8 @@ class History:
             "sends": [asdict(s) for s in self.sends],
             "deliveries": [asdict(d) for d in self.deliveries],
             "restarts": [asdict(r) for r in self.restarts],
+            "checkpoints": [asdict(c) for c in self.checkpoints],
+            "buckets": {str(k): v for k, v in self.buckets.items()},
         }
 
     @classmethod
@@ -182,6 +227,8 @@ class History:
                 )
                 for r in body.get("restarts", [])
             ],
+            checkpoints=[CheckpointStart(**c) for c in body.get("checkpoints", [])],
+            buckets={int(k): int(v) for k, v in (body.get("buckets") or {}).items()},
         )
 
     def dump(self, path: Path) -> None:
@@ -384,9 +431,13 @@ def check(
     _check_values(report, sends, deliveries)
     _check_write_order(report, sends)
     restarts = sorted((r for r in history.restarts if r.kind in excusing), key=lambda r: r.time)
+    starts = {(c.subscription, c.consumer, c.session): c for c in history.checkpoints}
     for name, sub in report.subscriptions.items():
         subs = by_subscription.get(name, [])
-        _check_subscription(report, sub, subs, sends, restarts)
+        restored = _Restores(
+            {(c, s): start for (n, c, s), start in starts.items() if n == name}, history.buckets
+        )
+        _check_subscription(report, sub, subs, sends, restarts, restored)
         if sub.ordered:
             _check_skips(report, sub, subs, acked_by_key)
     return report
@@ -477,12 +528,45 @@ def _excused_by(
     return None
 
 
+CHECKPOINT_RESTORE = "checkpoint-restore"
+
+
+@dataclass
+class _Restores:
+    """The checkpoint sessions of one subscription and what each already delivered."""
+
+    starts: dict[Session, CheckpointStart]
+    buckets: Mapping[int, int]
+    seen: set[tuple[Session, Value]] = field(default_factory=set)
+
+    def judge(self, d: Delivery) -> str | None:
+        """For a redelivery ``d`` to a checkpoint session: ``None`` when its checkpoint
+        explains it, else why not. Call for every delivery (it records what was seen)."""
+        session = (d.consumer, d.session)
+        start = self.starts[session]
+        kv = (d.key, d.value)
+        if (session, kv) in self.seen:
+            return f"{d.consumer}#{d.session} had delivered it already"
+        self.seen.add((session, kv))
+        if d.segment is None or d.position is None:
+            return "no position to compare with its checkpoint"
+        n = self.buckets.get(d.segment, 1)
+        bucket = bucket_of(bucket_hash(d.key), n) if n > 1 else None
+        if start.covers(d.segment, d.position, d.batch, bucket):
+            return (
+                f"{d.consumer}#{d.session} started from a checkpoint covering segment "
+                f"{d.segment} position {d.position}/{d.batch} (bucket {bucket})"
+            )
+        return None
+
+
 def _check_subscription(
     report: CheckReport,
     sub: SubscriptionReport,
     deliveries: Sequence[Delivery],
     sends: Mapping[Value, Send],
     restarts: Sequence[Restart],
+    restored: _Restores | None = None,
 ) -> None:
     last_delivery: dict[Value, Delivery] = {}
     places: dict[Value, Place] = {}
@@ -492,6 +576,8 @@ def _check_subscription(
         kv = (d.key, d.value)
         sessions.add((d.consumer, d.session))
         sub.deliveries += 1
+        checkpointed = restored is not None and (d.consumer, d.session) in restored.starts
+        why_not = restored.judge(d) if restored is not None and checkpointed else None
         at = _place(d.segment, d.position)
         earlier = last_delivery.get(kv)
         last_delivery[kv] = d
@@ -509,6 +595,25 @@ def _check_subscription(
                         f"delivered at {first_at} and at {at}",
                     )
                 )
+                continue
+            if checkpointed:
+                if why_not is None:
+                    sub.duplicates_after_restart += 1
+                    sub.duplicates_by_cause[CHECKPOINT_RESTORE] = (
+                        sub.duplicates_by_cause.get(CHECKPOINT_RESTORE, 0) + 1
+                    )
+                else:
+                    sub.duplicates_unexplained += 1
+                    report.add_example(
+                        Example(
+                            "duplicate",
+                            d.key,
+                            d.value,
+                            sub.name,
+                            f"to {earlier.consumer}#{earlier.session} at {earlier.time:.3f} and "
+                            f"to {d.consumer}#{d.session} at {d.time:.3f}: {why_not}",
+                        )
+                    )
                 continue
             cause = _excused_by(restarts, sub.name, earlier, d)
             if cause is None:

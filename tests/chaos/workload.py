@@ -22,7 +22,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from scalable_topics.client import (
     ConsumerClosedError,
@@ -32,7 +32,7 @@ from scalable_topics.client import (
     ScalableTopicProducer,
 )
 
-from .checker import Delivery, History, Outcome, Restart, RestartKind, Send
+from .checker import CheckpointStart, Delivery, History, Outcome, Restart, RestartKind, Send
 
 __all__ = [
     "ConsumerRunner",
@@ -72,6 +72,9 @@ class Recorder:
         self._invoke_times: dict[str, list[float]] = defaultdict(list)
         self.deliveries: list[Delivery] = []
         self.restarts: list[Restart] = []
+        self.checkpoints: list[CheckpointStart] = []
+        self.buckets: dict[int, int] = {}
+        """Segment -> entry-bucket count, for the checker (:attr:`History.buckets`)."""
         self._max_acked: dict[str, int] = {}
         self._acked: set[tuple[str, int]] = set()
         self._read: dict[str, set[tuple[str, int]]] = {s: set() for s in self.ordered}
@@ -129,6 +132,7 @@ class Recorder:
                 self.clock(),
                 message.segment_id,
                 message.position,
+                message.batch_index,
             )
         )
         self._read[subscription].add((key, value))
@@ -136,6 +140,12 @@ class Recorder:
         highest = self._max_read[subscription]
         if value > highest.get(key, -1):
             highest[key] = value
+
+    def checkpoint_start(
+        self, subscription: str, consumer: str, session: int, checkpoint: dict[str, Any]
+    ) -> None:
+        """A checkpoint consumer session started from ``checkpoint`` (its JSON form)."""
+        self.checkpoints.append(CheckpointStart(subscription, consumer, session, checkpoint))
 
     def restart(
         self,
@@ -192,7 +202,14 @@ class Recorder:
             self._done.get(kv) or Send(kv[0], kv[1], at, Outcome.INFO)
             for kv, at in self._invoked.items()
         ]
-        return History(self.ordered, sends, list(self.deliveries), list(self.restarts))
+        return History(
+            self.ordered,
+            sends,
+            list(self.deliveries),
+            list(self.restarts),
+            list(self.checkpoints),
+            dict(self.buckets),
+        )
 
 
 class SendLog(Protocol):

@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 from scalable_topics.client import Message, MessageId
+from scalable_topics.core.buckets import bucket_of
+from scalable_topics.core.hashing import bucket_hash
 from tests.chaos.checker import (
+    CHECKPOINT_RESTORE,
+    CheckpointStart,
     Delivery,
     History,
     Outcome,
@@ -408,3 +412,93 @@ def test_recorder_builds_the_history_and_tracks_progress() -> None:
     report = check(h)
     assert report.valid, report.summary()
     assert report.unknown_unread == 1
+
+
+# -- checkpoint sessions (key-shared chaos, PIP-486) ------------------------------------------
+
+
+def checkpoint_json(
+    positions: dict[int, int] | None = None, buckets: dict[tuple[int, int], int] | None = None
+) -> dict[str, object]:
+    return {
+        "positions": {
+            str(s): {"position": p, "batchIndex": 0} for s, p in (positions or {}).items()
+        },
+        "bucketPositions": {
+            f"{s}/{b}": {"position": p, "batchIndex": 0} for (s, b), p in (buckets or {}).items()
+        },
+        "drained": [],
+    }
+
+
+def checkpointed(
+    deliveries: list[Delivery], starts: list[CheckpointStart], buckets: dict[int, int] | None = None
+) -> History:
+    sends = [ok("k", v, position=v) for v in range(4)]
+    queue = [read(v, 1.0 + v, sub=QUEUE, consumer="q1", position=v) for v in range(4)]
+    return History(
+        {STREAM: True, QUEUE: False},
+        sends,
+        [*deliveries, *queue],
+        checkpoints=starts,
+        buckets=buckets or {},
+    )
+
+
+def test_a_checkpoint_session_re_reading_past_its_checkpoint_is_a_restore() -> None:
+    deliveries = [read(v, 1.0 + v, position=v) for v in range(3)]
+    # killed after 2; its checkpoint says position 0: 1 and 2 come again, then 3
+    deliveries += [read(v, 5.0 + v, session=2, position=v) for v in (1, 2, 3)]
+    starts = [
+        CheckpointStart(STREAM, "c1", 1, checkpoint_json()),
+        CheckpointStart(STREAM, "c1", 2, checkpoint_json({0: 0})),
+    ]
+    report = check(checkpointed(deliveries, starts))
+    assert report.valid, report.summary()
+    assert report.subscriptions[STREAM].duplicates_by_cause == {CHECKPOINT_RESTORE: 2}
+
+
+def test_a_checkpoint_session_re_reading_what_its_checkpoint_covers_is_unexplained() -> None:
+    deliveries = [read(v, 1.0 + v, position=v) for v in range(3)]
+    deliveries += [read(v, 5.0 + v, session=2, position=v) for v in (1, 2, 3)]
+    starts = [
+        CheckpointStart(STREAM, "c1", 1, checkpoint_json()),
+        CheckpointStart(STREAM, "c1", 2, checkpoint_json({0: 1})),
+    ]
+    # a consumer restart does not excuse it: the checkpoint says it was processed
+    restarts = [Restart(4.0, RestartKind.CONSUMER, "c1", STREAM)]
+    h = checkpointed(deliveries, starts)
+    h.restarts = restarts
+    report = check(h)
+    assert report.duplicates_unexplained == 1, report.summary()
+    assert report.subscriptions[STREAM].duplicates_by_cause == {CHECKPOINT_RESTORE: 1}
+    assert "covering segment 0 position 1" in str(report.examples["duplicate"][0])
+
+
+def test_a_checkpoint_session_reading_a_value_twice_is_unexplained() -> None:
+    deliveries = [read(v, 1.0 + v, position=v) for v in range(4)] + [read(2, 9.0, position=2)]
+    starts = [CheckpointStart(STREAM, "c1", 1, checkpoint_json())]
+    report = check(checkpointed(deliveries, starts))
+    assert report.duplicates_unexplained == 1
+    assert "had delivered it already" in str(report.examples["duplicate"][0])
+
+
+def test_a_checkpoint_covers_by_bucket_when_the_segment_was_shared() -> None:
+    key_bucket = bucket_of(bucket_hash("k"), 2)
+    deliveries = [read(v, 1.0 + v, position=v) for v in range(4)]
+    deliveries += [read(v, 10.0 + v, consumer="c2", position=v) for v in (2, 3)]
+    for covered, unexplained in ((key_bucket, 1), (1 - key_bucket, 0)):
+        starts = [
+            CheckpointStart(STREAM, "c1", 1, checkpoint_json()),
+            CheckpointStart(STREAM, "c2", 1, checkpoint_json(buckets={(0, covered): 2})),
+        ]
+        report = check(checkpointed(deliveries, starts, buckets={0: 2}))
+        assert report.duplicates_unexplained == unexplained, (covered, report.summary())
+
+
+def test_checkpoint_history_round_trips_through_json(tmp_path: Path) -> None:
+    starts = [CheckpointStart(STREAM, "c1", 2, checkpoint_json({0: 1}, {(0, 1): 3}))]
+    h = checkpointed([read(0, 1.0, position=0)], starts, buckets={0: 2, 3: 4})
+    path = tmp_path / "history.json"
+    h.dump(path)
+    assert History.load(path) == h
