@@ -10,7 +10,11 @@ once its previous owner acknowledged what it took. Measured:
   and the aggregate consume throughput next to the segment-count phase;
 * **join to first message**: from a consumer's ``start()`` to its first message (target <= 2 s);
 * the **hand-off pause** of a moving bucket: its first delivery to the new owner minus its last
-  delivery to the previous one.
+  delivery to the previous one; next to it what it is made of: the bucket's steady gap between
+  deliveries (``bucket_gap``) and the hand-off's own cost, the send-to-delivery wait of the new
+  owner's first message (``handoff_wait``), against every message's latency per phase.
+
+Every payload carries its send time, so the breakdowns come from the deliveries alone.
 
     python -m bench.run --only keyshared [--quick]
 """
@@ -50,11 +54,23 @@ QUICK = Mode(segments=8, buckets=4, consumers=24, rate=400.0, keys=512, window=4
 
 @dataclass
 class Deliveries:
-    """Every delivery: time, consumer, (segment, bucket)."""
+    """Every delivery: time, consumer, (segment, bucket), and when the producer sent it."""
 
     items: list[tuple[float, str, int, int]] = field(default_factory=list)
+    sent: list[float] = field(default_factory=list)
+    """Per item: the producer's ``send_async`` time (the payload carries it)."""
     per_consumer: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     first: dict[str, float] = field(default_factory=dict)
+    first_sent: dict[str, float] = field(default_factory=dict)
+
+
+def payload(sent_at: float) -> bytes:
+    """100 bytes that carry their send time (``time.monotonic``, one clock in one process)."""
+    return (b"%.6f|" % sent_at).ljust(100, b"x")
+
+
+def sent_at(value: bytes) -> float:
+    return float(value.partition(b"|")[0])
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -63,25 +79,52 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def handoff_pauses(items: list[tuple[float, str, int, int]]) -> tuple[list[float], list[float]]:
-    """Per (segment, bucket), in delivery order: each change of consumer gives the time from
-    the previous owner's last delivery to the new owner's first (the pause), and that minus the
-    bucket's median gap between deliveries (the excess: what the hand-off itself cost)."""
+@dataclass
+class Pauses:
+    pauses: list[float] = field(default_factory=list)
+    """Per change of a (segment, bucket)'s consumer: the new owner's first delivery of it minus
+    the previous owner's last."""
+    excess: list[float] = field(default_factory=list)
+    """Each pause minus its bucket's median gap between deliveries."""
+    gaps: list[float] = field(default_factory=list)
+    """Every gap between two deliveries of a bucket to the same consumer (no hand-off): what a
+    pause is made of when the bucket simply had nothing to deliver."""
+
+
+def handoff_pauses(items: list[tuple[float, str, int, int]]) -> Pauses:
+    """Per (segment, bucket), in delivery order: the pauses at each change of consumer, their
+    excess over the bucket's median gap, and the steady gaps."""
     by_unit: dict[tuple[int, int], list[tuple[float, str]]] = defaultdict(list)
     for at, consumer, segment, bucket in items:
         by_unit[(segment, bucket)].append((at, consumer))
-    pauses: list[float] = []
-    excess: list[float] = []
+    out = Pauses()
     for deliveries in by_unit.values():
         deliveries.sort()
         pairs = list(itertools.pairwise(deliveries))
         gaps = [t1 - t0 for (t0, c0), (t1, c1) in pairs if c0 == c1]
+        out.gaps.extend(gaps)
         usual = statistics.median(gaps) if gaps else 0.0
         for (t0, c0), (t1, c1) in pairs:
             if c0 != c1:
-                pauses.append(t1 - t0)
-                excess.append(max(0.0, t1 - t0 - usual))
-    return pauses, excess
+                out.pauses.append(t1 - t0)
+                out.excess.append(max(0.0, t1 - t0 - usual))
+    return out
+
+
+def handoff_waits(items: list[tuple[float, str, int, int]], sent: list[float]) -> list[float]:
+    """Per change of a (segment, bucket)'s consumer: how long the new owner's first message
+    of it had waited since it was sent (its end-to-end latency). Unlike the pause, this leaves
+    out the time the bucket simply had nothing to deliver: it is what the hand-off (withhold,
+    release, attach, redelivery) cost the messages caught in it."""
+    last: dict[tuple[int, int], str] = {}
+    waits: list[float] = []
+    for (at, consumer, segment, bucket), when in sorted(zip(items, sent, strict=True)):
+        unit = (segment, bucket)
+        previous = last.get(unit)
+        if previous is not None and previous != consumer:
+            waits.append(at - when)
+        last[unit] = consumer
+    return waits
 
 
 async def _measure(mode: Mode, base: Path) -> dict[str, Any]:
@@ -116,13 +159,16 @@ async def _measure(mode: Mode, base: Path) -> dict[str, Any]:
                     while True:
                         message = await consumer.receive()
                         now = time.monotonic()
+                        produced = sent_at(message.value)
                         if name not in got.first:
                             got.first[name] = now
+                            got.first_sent[name] = produced
                             if len(got.first) >= expected:
                                 all_reading.set()
                         got.per_consumer[name] += 1
                         key = message.key or ""
                         got.items.append((now, name, message.segment_id, bucket_by_key[key]))
+                        got.sent.append(produced)
                         consumer.ack_nowait(message)
                 except ConsumerClosedError:
                     return
@@ -130,6 +176,7 @@ async def _measure(mode: Mode, base: Path) -> dict[str, Any]:
                     errors.append(exc)
 
             joined: dict[str, float] = {}
+            registered: dict[str, float] = {}
             all_reading = asyncio.Event()
             expected = mode.consumers
 
@@ -138,13 +185,17 @@ async def _measure(mode: Mode, base: Path) -> dict[str, Any]:
                 consumers[name] = consumer
                 joined[name] = time.monotonic()
                 await consumer.start(within=120.0)
+                registered[name] = time.monotonic()
                 tasks.append(asyncio.create_task(consume(consumer)))
 
-            async def window(names: list[str]) -> tuple[dict[str, int], float]:
+            spans: dict[str, tuple[float, float]] = {}
+
+            async def window(names: list[str], span: str) -> tuple[dict[str, int], float]:
                 before = {n: got.per_consumer[n] for n in names}
                 started = time.monotonic()
                 await asyncio.sleep(mode.window)
                 elapsed = time.monotonic() - started
+                spans[span] = (started, started + elapsed)
                 return {n: got.per_consumer[n] - before[n] for n in names}, elapsed
 
             async with ScalableTopicProducer(env.service_url, NS, TOPIC, linger_ms=2) as producer:
@@ -155,7 +206,9 @@ async def _measure(mode: Mode, base: Path) -> dict[str, Any]:
                     while not stop.is_set():
                         due = int((time.monotonic() - started) * mode.rate)
                         while sent < due:
-                            await producer.send_async(b"x" * 100, key=keys[sent % len(keys)])
+                            await producer.send_async(
+                                payload(time.monotonic()), key=keys[sent % len(keys)]
+                            )
                             sent += 1
                         await asyncio.sleep(0.002)
 
@@ -163,9 +216,10 @@ async def _measure(mode: Mode, base: Path) -> dict[str, Any]:
                 first = [f"c{i:03d}" for i in range(mode.segments)]
                 await asyncio.gather(*(join(n) for n in first))
                 await asyncio.sleep(mode.window / 2)
-                shares_segments, elapsed_segments = await window(first)
+                shares_segments, elapsed_segments = await window(first, "segments")
 
                 later = [f"c{i:03d}" for i in range(mode.segments, mode.consumers)]
+                joining = time.monotonic()
                 for name in later:
                     await join(name)
                 everyone = first + later
@@ -173,13 +227,15 @@ async def _measure(mode: Mode, base: Path) -> dict[str, Any]:
                 if len(got.first) < expected:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(all_reading.wait(), 60.0)
+                spans["joining"] = (joining, time.monotonic())
                 await asyncio.sleep(mode.window / 2)
-                shares_all, elapsed_all = await window(everyone)
+                shares_all, elapsed_all = await window(everyone, "all")
                 stop.set()
                 await sender
             coordinator = operator.hub.coordinator(NS, TOPIC, SUB)
             readers = len(set(coordinator.unit_owners().values())) if coordinator else 0  # type: ignore[attr-defined]
             join_times = [got.first[n] - joined[n] for n in later if n in got.first]
+            reading = [n for n in later if n in got.first]
             never = [n for n in later if n not in got.first]
             return {
                 "segments_phase": shares_segments,
@@ -188,8 +244,19 @@ async def _measure(mode: Mode, base: Path) -> dict[str, Any]:
                 "all_elapsed": elapsed_all,
                 "join_s": join_times,
                 "never": never,
-                "pauses_s": handoff_pauses(got.items)[0],
-                "excess_s": handoff_pauses(got.items)[1],
+                "register_s": [registered[n] - joined[n] for n in reading],
+                "nothing_sent_s": [max(0.0, got.first_sent[n] - joined[n]) for n in reading],
+                "join_held_s": [got.first[n] - max(joined[n], got.first_sent[n]) for n in reading],
+                "handoff_waits_s": handoff_waits(got.items, got.sent),
+                "latency_s": {
+                    span: [
+                        at - sent
+                        for (at, *_), sent in zip(got.items, got.sent, strict=True)
+                        if t0 <= at < t1
+                    ]
+                    for span, (t0, t1) in spans.items()
+                },
+                "pauses": handoff_pauses(got.items),
                 "readers": readers,
                 "errors": len(errors),
                 "releases": sum(c.releases for c in consumers.values()),
@@ -215,7 +282,8 @@ async def run(report: Report, quick: bool) -> None:
     rate_all = sum(shares) / result["all_elapsed"]
     rate_segments = sum(result["segments_phase"].values()) / result["segments_elapsed"]
     joins = result["join_s"]
-    pauses = result["pauses_s"]
+    measured: Pauses = result["pauses"]
+    pauses = measured.pauses
     section.figure("share_min", shares[0], "msg", consumers=str(mode.consumers))
     section.figure("share_median", statistics.median(shares), "msg", consumers=str(mode.consumers))
     section.figure("share_max", shares[-1], "msg", consumers=str(mode.consumers))
@@ -225,12 +293,30 @@ async def run(report: Report, quick: bool) -> None:
         section.figure("join_to_first_p50", _pct(joins, 0.5), "s")
         section.figure("join_to_first_p99", _pct(joins, 0.99), "s")
         section.figure("join_to_first_max", max(joins), "s")
+        for name, values in (
+            ("join_to_assigned", result["register_s"]),
+            ("join_nothing_sent", result["nothing_sent_s"]),
+            ("join_first_held", result["join_held_s"]),
+        ):
+            section.figure(f"{name}_p50", _pct(values, 0.5), "s")
+            section.figure(f"{name}_p99", _pct(values, 0.99), "s")
+    waits = result["handoff_waits_s"]
+    if waits:
+        section.figure("handoff_wait_p50", 1000.0 * _pct(waits, 0.5), "ms")
+        section.figure("handoff_wait_p99", 1000.0 * _pct(waits, 0.99), "ms")
+    for span, latency in result["latency_s"].items():
+        if latency:
+            section.figure("latency_p50", 1000.0 * _pct(latency, 0.5), "ms", phase=span)
+            section.figure("latency_p99", 1000.0 * _pct(latency, 0.99), "ms", phase=span)
     if pauses:
         section.figure("handoff_pause_p50", 1000.0 * _pct(pauses, 0.5), "ms")
         section.figure("handoff_pause_p99", 1000.0 * _pct(pauses, 0.99), "ms")
-        excess = result["excess_s"]
+        excess = measured.excess
         section.figure("handoff_excess_p50", 1000.0 * _pct(excess, 0.5), "ms")
         section.figure("handoff_excess_p99", 1000.0 * _pct(excess, 0.99), "ms")
+    if measured.gaps:
+        section.figure("bucket_gap_p50", 1000.0 * _pct(measured.gaps, 0.5), "ms")
+        section.figure("bucket_gap_p99", 1000.0 * _pct(measured.gaps, 0.99), "ms")
     section.target(
         "every consumer receives messages",
         shares[0] > 0 and not result["never"],
@@ -254,8 +340,20 @@ async def run(report: Report, quick: bool) -> None:
     )
     section.note(
         "hand-off pause = a moving bucket's first delivery to its new owner minus its last "
-        "delivery to the previous one (it includes the bucket's usual gap between messages at "
-        "this rate); excess = pause minus that bucket's median gap."
+        "delivery to the previous one; excess = pause minus that bucket's median gap. At "
+        f"{mode.rate:.0f} msg/s over {mode.segments * mode.buckets} buckets a bucket gets "
+        f"{mode.rate / (mode.segments * mode.buckets):.1f} msg/s, so the pause is mostly the "
+        "time the bucket had nothing to deliver: compare it with bucket_gap (two deliveries of "
+        "a bucket to one consumer, no hand-off). handoff_wait = how long the new owner's first "
+        "message of a moved bucket had waited since it was sent: what the hand-off (withhold "
+        "until released, release, attach, redelivery) cost; compare it with latency (every "
+        "message, send to delivery, per phase: segments = 64 consumers, joining, all)."
+    )
+    section.note(
+        "join to first message = join_to_assigned (start(): DAG watch, controller session, "
+        "first assignment) + the wait for a message of its buckets: join_nothing_sent (none "
+        "was sent yet) and join_first_held (from the later of the join and the first "
+        "message's send to its delivery)."
     )
     section.note(
         "consume rate at the segment count vs with every consumer: the producer's open-loop "
