@@ -43,7 +43,7 @@ from kubernetes_asyncio import config as k8s_config
 
 from ..credentials import client_session
 from ..kubeapi import api_client
-from .demo import OPERATOR_NAMESPACE, POLL, SETUP_TIMEOUT, TOPIC, Demo, Outcome
+from .demo import OPERATOR_NAMESPACE, POLL, SETUP_TIMEOUT, TOPIC, Demo, Outcome, repo_root
 from .discovery import find_operator
 from .errors import UnreachableError
 from .kube import API_TIMEOUT
@@ -140,6 +140,7 @@ class ClusterDemo(Demo):
         self.overlay = overlay
         self.images = images
         self.cleanup = cleanup
+        self.job_started = False
         self.job_done = False
 
     def counters(self) -> str:
@@ -184,7 +185,7 @@ class ClusterDemo(Demo):
         try:
             return await self._on_cluster(api)
         finally:
-            if self.stop.is_set() and not self.job_done:
+            if self.stop.is_set() and self.job_started and not self.job_done:
                 # Ctrl-C: the load stops with the demo.
                 await self.kubectl(
                     *("-n", DEMO_NAMESPACE, "delete", "job", LOAD_JOB),
@@ -247,6 +248,7 @@ class ClusterDemo(Demo):
 
         await self.wait_for("the earlier run's load Pod to go", no_pods, SETUP_TIMEOUT)
         await self._apply([job])
+        self.job_started = True
         await batch.read_namespaced_job(LOAD_JOB, DEMO_NAMESPACE)
         self.say(
             f"started Job {DEMO_NAMESPACE}/{LOAD_JOB}: the producer and consumers run in the "
@@ -359,6 +361,37 @@ async def _operator_url(demo: Demo, namespace: str, operator_namespace: str) -> 
 
     await demo.wait_for("the operator", reachable, SETUP_TIMEOUT, detail)
     return found[0]
+
+
+def existing_cluster_demo(args: argparse.Namespace) -> Demo:
+    """The demo of ``stopic demo --existing-cluster``, from its arguments."""
+    named = args.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    if os.pathsep in named:
+        raise SystemExit(
+            f"stopic demo: KUBECONFIG names several files ({named}); pass --kubeconfig FILE"
+        )
+    kubeconfig = Path(named).expanduser().resolve()
+    if not kubeconfig.is_file():
+        raise SystemExit(f"stopic demo: kubeconfig {kubeconfig}: no such file")
+    overlay = Path(args.overlay or repo_root() / DEFAULT_OVERLAY).resolve()
+    if not (overlay / "kustomization.yaml").is_file():
+        raise SystemExit(f"stopic demo: --overlay {overlay}: no kustomization.yaml there")
+    images = {
+        repository: image
+        for repository, image in (
+            (OPERATOR_IMAGE, args.operator_image),
+            (BROKER_IMAGE, args.broker_image),
+        )
+        if image
+    }
+    return ClusterDemo(
+        kubeconfig,
+        context=args.context,
+        overlay=overlay,
+        images=images,
+        phase_timeout=args.phase_timeout,
+        cleanup=args.cleanup,
+    )
 
 
 def cmd_demo_load(args: argparse.Namespace) -> int:
