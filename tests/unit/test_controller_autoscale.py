@@ -270,6 +270,19 @@ def _buckets_suffice(world: World, name: str) -> None:
     put_topic(world, name, SegmentLayout.initial(2), AutoScalePolicy(), buckets={0: 2, 1: 2})
 
 
+def _rebucket_down_window(world: World, name: str) -> None:
+    # segment 0 holds 8 buckets, the budget's share is 2, no consumer needs them; its sample is
+    # cold but younger than rebucketDownWindow (1h): lowered later, held back now
+    put_topic(
+        world,
+        name,
+        SegmentLayout.initial(2),
+        AutoScalePolicy(min_segments=2),
+        buckets={0: 8, 1: 2},
+        age=AGED,
+    )
+
+
 def _min_segments(world: World, name: str) -> None:
     put_topic(world, name, SegmentLayout.initial(2), AutoScalePolicy(min_segments=2), age=AGED)
 
@@ -299,6 +312,10 @@ SCENARIOS: dict[str, tuple[Scenario, dict[str, float]]] = {
     "bucket-max": (_bucket_max, {"max-segments": 1, "bucket-max": 1}),
     "buckets-suffice": (_buckets_suffice, {"buckets-suffice": 1}),
     "min-segments": (_min_segments, {"min-segments": 1}),
+    "rebucket-down-window": (
+        _rebucket_down_window,
+        {"min-segments": 1, "rebucket-down-window": 1},
+    ),
     "merge-cooldown": (_merge_cooldown, {"merge-cooldown": 1}),
     "max-dag-depth": (_max_dag_depth, {"max-dag-depth": 1}),
 }

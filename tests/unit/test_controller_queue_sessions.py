@@ -63,7 +63,8 @@ async def test_queue_workers_get_disjoint_buckets_of_every_segment(
     shrunk = await assignment_where(w1, lambda m: len(units(m)) == 2)
     assert units(second) | units(shrunk) == units(first)
     assert not units(second) & units(shrunk)
-    assert replica.hub.stream_consumer_counts(NS, TOPIC) == {SUB: 0}, "queues do not count"
+    # ordered queue workers count for the auto-scaler's consumer-count rule (issue 14)
+    assert replica.hub.stream_consumer_counts(NS, TOPIC) == {SUB: 0, QUEUE: 2}
     await wait_for(lambda: any(p[2] == QUEUE and p[3]["consumers"] for p in replica.persisted))
     status = next(p[3] for p in reversed(replica.persisted) if p[2] == QUEUE)
     assert status["type"] == "Queue"

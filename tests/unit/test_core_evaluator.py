@@ -218,7 +218,7 @@ def test_consumer_count_split() -> None:
     assert decision.action == Split(1, "consumer-count")
     assert isinstance(decision.action, Split)
     assert decision.action.detail == (
-        "3 consumers on a stream subscription exceed 2 active segments; busiest segment "
+        "3 ordered consumers on a subscription exceed 2 active segments; busiest segment "
         "8000-ffff-1 (msgRateIn 900/s)"
     )
 
@@ -532,3 +532,61 @@ def test_rebucket_successor_does_not_count_as_a_merge() -> None:
     layout = rebucket(SegmentLayout.initial(2), [0, 1])  # 2 <- 0, 3 <- 1
     decision = run(layout, {2: sample(), 3: sample()}, policy=AutoScalePolicy(max_dag_depth=1))
     assert decision.action == Merge((2, 3), "cold")
+
+
+# -- rebucket down: N lowered lazily after an idle window (PIP-486, issue 14) -----------------
+
+TWO = AutoScalePolicy(min_segments=2)  # no merge gets in the way
+
+
+def test_idle_surplus_buckets_are_lowered_to_what_the_consumers_need() -> None:
+    layout = SegmentLayout.initial(2)
+    cold = {0: sample(mi=10), 1: sample(mi=10)}
+    decision = run(layout, cold, {"s": 5}, TWO, buckets={0: 8, 1: 2}, bucket_budget=4)
+    assert decision.action == Rebucket((0,), 3, "idle-buckets")
+    assert decision.suppressed == (Suppression.BUCKETS_SUFFICE, Suppression.MIN_SEGMENTS)
+    assert "buckets 10 -> 5" in (decision.action.detail if decision.action else "")
+    # without consumers: down to the budget's share (T / active = 2), never below it
+    assert run(layout, cold, {}, TWO, buckets={0: 8, 1: 2}, bucket_budget=4).action == Rebucket(
+        (0,), 2, "idle-buckets"
+    )
+    assert run(layout, cold, {}, TWO, buckets={0: 2, 1: 2}, bucket_budget=4).action is None
+    assert run(layout, cold, {}, TWO, buckets={0: 8, 1: 2}, bucket_budget=16).action is None
+    # ordered queue workers count like stream consumers: 9 workers need 7 of segment 0's 8
+    queue = run(layout, cold, {"orders": 9}, TWO, buckets={0: 8, 1: 2}, bucket_budget=4)
+    assert queue.action == Rebucket((0,), 7, "idle-buckets")
+
+
+def test_buckets_are_lowered_only_after_the_idle_window() -> None:
+    layout = SegmentLayout.initial(2)
+    recent = {0: sample(mi=10, age=600), 1: sample(mi=10)}
+    decision = run(layout, recent, {}, TWO, buckets={0: 8, 1: 2}, bucket_budget=4)
+    assert decision == Decision(None, (Suppression.MIN_SEGMENTS, Suppression.REBUCKET_DOWN_WINDOW))
+    short = AutoScalePolicy(min_segments=2, rebucket_down_window="5m")
+    assert run(layout, recent, {}, short, buckets={0: 8, 1: 2}, bucket_budget=4).action == (
+        Rebucket((0,), 2, "idle-buckets")
+    )
+    # a busy segment keeps its buckets; nothing is wanted, nothing is reported
+    busy = {0: sample(mi=5000), 1: sample(mi=10)}
+    assert run(layout, busy, {}, TWO, buckets={0: 8, 1: 2}, bucket_budget=4) == Decision(None)
+    # a rollover seals segments: the split cooldown holds it back
+    held = run(
+        layout,
+        recent | {0: sample(mi=10)},
+        {},
+        TWO,
+        buckets={0: 8, 1: 2},
+        bucket_budget=4,
+        last_split_at=NOW - 10,
+    )
+    assert held == Decision(None, (Suppression.MIN_SEGMENTS, Suppression.SPLIT_COOLDOWN))
+
+
+def test_buckets_the_consumers_need_are_never_lowered() -> None:
+    layout = SegmentLayout.initial(2)
+    cold = {0: sample(mi=10), 1: sample(mi=10)}
+    decision = run(layout, cold, {"s": 10}, TWO, buckets={0: 8, 1: 2}, bucket_budget=4)
+    assert decision == Decision(None, (Suppression.BUCKETS_SUFFICE, Suppression.MIN_SEGMENTS))
+    assert run(layout, cold, {}, TWO, buckets={0: 8, 1: 2}).action is None, "no budget given"
+    with pytest.raises(ValueError, match="bucket_budget"):
+        run(layout, cold, {}, TWO, buckets={0: 8, 1: 2}, bucket_budget=0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -246,6 +246,7 @@ def policies(draw: st.DrawFn) -> AutoScalePolicy:
         split_cooldown=draw(st.sampled_from([0.0, 30.0, 60.0])),
         merge_cooldown=draw(st.sampled_from([0.0, 60.0, 300.0])),
         merge_window=draw(st.sampled_from([0.0, 60.0, 300.0])),
+        rebucket_down_window=draw(st.sampled_from([0.0, 300.0, 3600.0])),
     )
 
 
@@ -279,12 +280,52 @@ def samples(draw: st.DrawFn, now: float) -> LoadSample:
     return LoadSample(rates[0], rates[1], rates[2], rates[3], now - age)
 
 
-def is_cold(sample: LoadSample | None, policy: AutoScalePolicy, now: float) -> bool:
+def is_cold(
+    sample: LoadSample | None, policy: AutoScalePolicy, now: float, window: float | None = None
+) -> bool:
     return (
         sample is not None
-        and now - sample.modified_at >= policy.merge_window
+        and now - sample.modified_at >= (policy.merge_window if window is None else window)
         and all(sample.rate(m) < policy.merge_threshold(m) for m, _, _ in METRICS)
     )
+
+
+def expected_down(
+    active: Sequence[SegmentInfo],
+    load: Mapping[int, LoadSample],
+    demand: int,
+    policy: AutoScalePolicy,
+    now: float,
+    last_split_at: float | None,
+    buckets: Mapping[int, int],
+    budget: int | None,
+) -> Rebucket | None:
+    """Issue 14, "lower N lazily after an idle window": segments above the budget's share
+    that were cold for ``rebucket_down_window`` go down to the lowest common level that keeps
+    a bucket for every ordered consumer, unless a split or rollover is within the cooldown."""
+    if budget is None:
+        return None
+    counts = {s.segment_id: buckets[s.segment_id] for s in active}
+    share = max(1, budget // len(active))
+    idle = {
+        i
+        for i, n in counts.items()
+        if n > share and is_cold(load.get(i), policy, now, policy.rebucket_down_window)
+    }
+    if sum(counts.values()) <= demand or not idle:
+        return None
+    levels = [
+        k
+        for k in range(share, max(counts[i] for i in idle))
+        if sum(min(n, k) if i in idle else n for i, n in counts.items()) >= demand
+    ]
+    if not levels or (last_split_at is not None and now - last_split_at < policy.split_cooldown):
+        return None
+    level = levels[0]
+    targets = tuple(
+        s.segment_id for s in active if s.segment_id in idle and counts[s.segment_id] > level
+    )
+    return Rebucket(targets, level, "idle-buckets")
 
 
 def score(sample: LoadSample, policy: AutoScalePolicy) -> float:
@@ -320,6 +361,7 @@ def test_evaluator_decisions_in_a_loop_respect_the_caps(data: st.DataObject) -> 
     buckets = initial_layout_buckets(layout, data.draw(st.integers(1, 16), label="budget"))
     bucket_max = data.draw(st.integers(1, 16), label="bucket_max")
     with_buckets = data.draw(st.booleans(), label="with_buckets")
+    budget = data.draw(st.sampled_from([None, 1, 4, 8]), label="bucket_budget")
     now = 1_000_000.0
     last_split_at: float | None = None
     last_merge_at: float | None = None
@@ -347,6 +389,7 @@ def test_evaluator_decisions_in_a_loop_respect_the_caps(data: st.DataObject) -> 
             last_merge_at,
             buckets=buckets if with_buckets else None,
             bucket_max=bucket_max,
+            bucket_budget=budget,
         )
         action = decision.action
         demand = max(consumers.values(), default=0)
@@ -378,12 +421,17 @@ def test_evaluator_decisions_in_a_loop_respect_the_caps(data: st.DataObject) -> 
                 assert isinstance(action, Split) and action.reason == "consumer-count"
         elif split_open and any(s.hash_range.size > 1 for s in hot):
             assert isinstance(action, Split) and action.reason != "consumer-count"
-        elif not isinstance(action, Rebucket):
+        elif not isinstance(action, Rebucket) or action.reason == "idle-buckets":
             merge_open = n_active > policy.min_segments and (
                 last_merge_at is None or now - last_merge_at >= policy.merge_cooldown
             )
             if merge_open and allowed_merges(layout, load, policy, now):
                 assert isinstance(action, Merge)
+            elif with_buckets:
+                down = expected_down(
+                    active, load, demand, policy, now, last_split_at, buckets, budget
+                )
+                assert action == down
             else:
                 assert action is None
 
@@ -414,6 +462,23 @@ def test_evaluator_decisions_in_a_loop_respect_the_caps(data: st.DataObject) -> 
             assert len(new.active()) >= policy.min_segments
             buckets = layout_buckets(new, buckets)
             last_merge_at = now
+        elif isinstance(action, Rebucket) and action.reason == "idle-buckets":
+            assert with_buckets and policy.enabled and budget is not None
+            share = max(1, budget // n_active)
+            assert action.buckets >= share
+            assert all(buckets[i] > action.buckets for i in action.segment_ids)
+            after = sum(
+                min(buckets[s.segment_id], action.buckets)
+                if s.segment_id in action.segment_ids
+                else buckets[s.segment_id]
+                for s in active
+            )
+            assert demand <= after < sum(buckets[s.segment_id] for s in active)
+            assert last_split_at is None or now - last_split_at >= policy.split_cooldown
+            new = rebucket(layout, action.segment_ids)
+            successors = {new.segments[i].child_ids[0]: action.buckets for i in action.segment_ids}
+            buckets = layout_buckets(new, buckets, rebucketed=successors)
+            last_split_at = now
         elif isinstance(action, Rebucket):
             assert with_buckets and policy.enabled
             assert demand > n_active

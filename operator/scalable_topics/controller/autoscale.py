@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..core.buckets import DEFAULT_BUCKET_BUDGET
 from ..core.evaluator import LoadSample, Merge, Rebucket, Split, Suppression, decide_explained
 from ..core.jsontypes import JsonObj
 from ..core.policy import ClusterMode
@@ -241,6 +242,9 @@ class AutoScaler:
                 last_merge,
                 buckets=buckets,
                 bucket_max=resolution.bucket_max,
+                bucket_budget=int(
+                    (topic.get("spec") or {}).get("entryBuckets") or DEFAULT_BUCKET_BUDGET
+                ),
             )
             for suppression in decision.suppressed:
                 metrics.AUTOSCALE_SUPPRESSED.labels(namespace, name, suppression.value).inc()

@@ -83,8 +83,11 @@ def suppression_message(reasons: Sequence[Suppression], resolution: Resolution) 
         f"mergeCooldown ({_from(resolution, 'merge_cooldown')})",
         Suppression.MAX_DAG_DEPTH: "cold pairs exist but each merge would exceed maxDagDepth "
         f"{policy.max_dag_depth} ({_from(resolution, 'max_dag_depth')})",
-        Suppression.BUCKETS_SUFFICE: "more stream consumers than segments, but the entry "
+        Suppression.BUCKETS_SUFFICE: "more ordered consumers than segments, but the entry "
         "buckets are spread over them",
+        Suppression.REBUCKET_DOWN_WINDOW: "cold segments hold more entry buckets than needed, "
+        "lowered once cold for rebucketDownWindow "
+        f"({_from(resolution, 'rebucket_down_window')})",
         Suppression.MODE_OFF: f"the master switch is off (mode in the ConfigMap "
         f"{CLUSTER_DEFAULTS_CONFIGMAP}): no decision is made",
     }

@@ -451,15 +451,15 @@ class ConsumerHub:
             )
 
     def stream_consumer_counts(self, namespace: str, topic: str) -> dict[str, int]:
-        """Stream subscription → registered consumers (connected or in their grace period)."""
+        """Subscription → its registered ordered consumers (connected or in their grace
+        period): the stream and checkpoint consumers of a Stream subscription, the ordered
+        workers of a Queue subscription (unordered ones never register). The auto-scaler's
+        consumer-count rule treats both alike (issue 14: ordered queue workers outnumbering
+        buckets trigger the same rule)."""
         state = self._topics.get((namespace, topic))
         if state is None:
             return {}
-        return {
-            name: len(sub.coordinator.sessions())
-            for name, sub in state.subscriptions.items()
-            if not sub.queue
-        }
+        return {name: len(sub.coordinator.sessions()) for name, sub in state.subscriptions.items()}
 
     def forget_topic(self, namespace: str, topic: str) -> None:
         """Stop serving the topic (deleted, or its shard lost): close its consumer sockets with a

@@ -35,6 +35,12 @@ The rules, in order:
    As DESIGN §3 states it, the consumer count does not gate merges: a cold pair merges even
    while a consumer-driven split is held back by the cooldown or by ``max_segments``. The
    merge window (new children report fresh samples) bounds how often that can alternate.
+5. **Rebucket down** (PIP-486 "raise fast, lower lazily"), only when nothing above fired and
+   the topic's bucket budget is given: see :func:`_rebucket_down`. Reason ``idle-buckets``.
+
+The consumer count is, per subscription, the ordered consumers that need buckets: stream and
+checkpoint consumers, and the ordered workers of a Queue subscription (issue 14: "ordered queue
+workers outnumbering buckets trigger the same rule"); the largest one is the demand.
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ METRICS: tuple[tuple[str, str, str], ...] = (
 
 REASON_CONSUMER_COUNT = "consumer-count"
 REASON_COLD = "cold"
+REASON_IDLE_BUCKETS = "idle-buckets"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +167,9 @@ class Suppression(enum.StrEnum):
     """More stream consumers than active segments, but no more than the active segments'
     entry buckets: the controller spreads the buckets over them (PIP-486 key-shared), so no
     split or rebucket is needed for them."""
+    REBUCKET_DOWN_WINDOW = "rebucket-down-window"
+    """Cold segments hold more buckets than the consumers need and than the budget's share,
+    but have not been cold for ``rebucket_down_window`` yet (lowered lazily, PIP-486)."""
     MODE_OFF = "mode-off"
     """The cluster master switch (ConfigMap ``scalable-topics-autoscale-defaults``, ``mode:
     off``) stops every decision; reported by the operator, which then does not evaluate."""
@@ -184,11 +194,15 @@ def decide(
     *,
     buckets: Mapping[int, int] | None = None,
     bucket_max: int = 1024,
+    bucket_budget: int | None = None,
 ) -> Split | Merge | Rebucket | None:
     """The one action to take now, or ``None`` (see the module docstring for the rules).
 
-    ``buckets`` maps segment ids to their entry-bucket counts; without it no rebucket is ever
-    proposed. ``bucket_max`` is PIP-486's per-segment ``N_max``.
+    ``stream_consumers`` maps subscriptions to their ordered consumers (stream, checkpoint,
+    ordered queue workers). ``buckets`` maps segment ids to their entry-bucket counts; without
+    it no rebucket is ever proposed. ``bucket_max`` is PIP-486's per-segment ``N_max``;
+    ``bucket_budget`` the topic's budget ``T`` (``spec.entryBuckets``): without it ``N`` is
+    never lowered.
     """
     return decide_explained(
         layout,
@@ -200,6 +214,7 @@ def decide(
         last_merge_at,
         buckets=buckets,
         bucket_max=bucket_max,
+        bucket_budget=bucket_budget,
     ).action
 
 
@@ -214,6 +229,7 @@ def decide_explained(
     *,
     buckets: Mapping[int, int] | None = None,
     bucket_max: int = 1024,
+    bucket_budget: int | None = None,
 ) -> Decision:
     """:func:`decide` plus the gates that held back a wanted action.
 
@@ -224,6 +240,10 @@ def decide_explained(
     """
     if not isinstance(bucket_max, int) or isinstance(bucket_max, bool) or bucket_max < 1:
         raise ValueError(f"bucket_max must be a positive integer, got {bucket_max!r}")
+    if bucket_budget is not None and (
+        not isinstance(bucket_budget, int) or isinstance(bucket_budget, bool) or bucket_budget < 1
+    ):
+        raise ValueError(f"bucket_budget must be a positive integer, got {bucket_budget!r}")
     if not policy.enabled:
         return Decision(None, (Suppression.DISABLED,))
     active = layout.active()
@@ -234,6 +254,18 @@ def decide_explained(
     )
     if action is None:
         action = _merge_pass(layout, active, load, policy, now, last_merge_at, suppressed)
+    if action is None and bucket_budget is not None and buckets is not None:
+        action = _rebucket_down(
+            active,
+            load,
+            max(stream_consumers.values(), default=0),
+            policy,
+            now,
+            last_split_at,
+            buckets,
+            bucket_budget,
+            suppressed,
+        )
     return Decision(action, tuple(suppressed))
 
 
@@ -298,7 +330,7 @@ def _split_pass(
             busiest.segment_id,
             REASON_CONSUMER_COUNT,
             detail=(
-                f"{demand} consumers on a stream subscription exceed {len(active)} active "
+                f"{demand} ordered consumers on a subscription exceed {len(active)} active "
                 f"segments; busiest segment {busiest.descriptor} "
                 f"(msgRateIn {_msg_rate_in(load, busiest):g}/s)"
             ),
@@ -405,9 +437,76 @@ def _rebucket(
         level,
         REASON_CONSUMER_COUNT,
         detail=(
-            f"{demand} consumers on a stream subscription exceed {len(active)} active segments "
+            f"{demand} ordered consumers on a subscription exceed {len(active)} active segments "
             f"{why or f'at maxSegments {policy.max_segments}'} and their {total} buckets; "
             f"buckets {total} -> {total_at(level)}"
+        ),
+    )
+
+
+def _rebucket_down(
+    active: Sequence[SegmentInfo],
+    load: Mapping[int, LoadSample],
+    demand: int,
+    policy: AutoScalePolicy,
+    now: float,
+    last_split_at: float | None,
+    buckets: Mapping[int, int],
+    bucket_budget: int,
+    suppressed: list[Suppression],
+) -> Rebucket | None:
+    """Lower ``N`` lazily (PIP-486): the mirror of :func:`_rebucket`.
+
+    A segment has *surplus* buckets when it has more than the budget's share ``max(1, T //
+    active)`` (what a new segment gets: the standing fan-out headroom is kept). It is *idle*
+    when its sample is cold (all four rates below the merge thresholds) and has been for
+    ``rebucket_down_window`` (``now - modified_at``). Nothing happens while the buckets are
+    all needed (``sum(b_s) <= C``). Otherwise the target is the smallest level ``K >= share``
+    with ``sum over idle surplus segments of min(b_s, K)`` plus every other segment's count
+    ``>= C``, and the idle surplus segments above ``K`` are rolled over to ``K`` - so the
+    consumers keep a bucket each and no raise is undone while they need it. A rollover seals
+    segments: ``split_cooldown`` holds it back too. Surplus on cold segments not idle long
+    enough is reported as ``rebucket-down-window``.
+    """
+    if any(s.segment_id not in buckets for s in active) or not active:
+        return None
+    counts = {s.segment_id: buckets[s.segment_id] for s in active}
+    total = sum(counts.values())
+    share = max(1, bucket_budget // len(active))
+    surplus = [s for s in active if counts[s.segment_id] > share]
+    if total <= demand or not surplus:
+        return None
+    window = policy.rebucket_down_window
+    cold = [s for s in surplus if _is_cold(load.get(s.segment_id), policy, now, window=0.0)]
+    idle = [s for s in cold if _is_cold(load.get(s.segment_id), policy, now, window=window)]
+    if not idle:
+        if cold:
+            suppressed.append(Suppression.REBUCKET_DOWN_WINDOW)
+        return None
+    idle_ids = {s.segment_id for s in idle}
+    others = sum(n for i, n in counts.items() if i not in idle_ids)
+    highest = max(counts[i] for i in idle_ids)
+
+    def total_at(level: int) -> int:
+        return others + sum(min(counts[i], level) for i in idle_ids)
+
+    level = next((k for k in range(share, highest) if total_at(k) >= demand), None)
+    if level is None:
+        return None
+    if last_split_at is not None and now - last_split_at < policy.split_cooldown:
+        suppressed.append(Suppression.SPLIT_COOLDOWN)
+        return None
+    targets = tuple(
+        s.segment_id for s in active if s.segment_id in idle_ids and counts[s.segment_id] > level
+    )
+    return Rebucket(
+        targets,
+        level,
+        REASON_IDLE_BUCKETS,
+        detail=(
+            f"{len(targets)} segment(s) cold for rebucketDownWindow {window:g}s hold more "
+            f"buckets than {demand} ordered consumers need (budget share {share}); buckets "
+            f"{total} -> {total_at(level)}"
         ),
     )
 
@@ -415,8 +514,13 @@ def _rebucket(
 # -- merge ------------------------------------------------------------------------------------
 
 
-def _is_cold(sample: LoadSample | None, policy: AutoScalePolicy, now: float) -> bool:
-    if sample is None or now - sample.modified_at < policy.merge_window:
+def _is_cold(
+    sample: LoadSample | None, policy: AutoScalePolicy, now: float, window: float | None = None
+) -> bool:
+    """All four rates below the merge thresholds, for at least ``window`` (default
+    ``merge_window``)."""
+    span = policy.merge_window if window is None else window
+    if sample is None or now - sample.modified_at < span:
         return False
     return all(sample.rate(name) < policy.merge_threshold(name) for name, _, _ in METRICS)
 

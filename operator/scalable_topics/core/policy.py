@@ -120,6 +120,9 @@ class AutoScalePolicy(BaseModel):
     merge_bytes_rate_in_threshold: ByteRate = Field(5.0 * MIB, ge=0)
     merge_msg_rate_out_threshold: float = Field(5_000.0, ge=0)
     merge_bytes_rate_out_threshold: ByteRate = Field(25.0 * MIB, ge=0)
+    rebucket_down_window: Duration = Field(3600.0, ge=0)
+    """PIP-486: how long a segment with surplus entry buckets must stay cold before its bucket
+    count is lowered (a rebucket rollover down; raised fast, lowered lazily)."""
 
     @model_validator(mode="after")
     def _check_consistency(self) -> AutoScalePolicy:

@@ -56,6 +56,9 @@ _KNOB_DOCS: dict[str, str] = {
     "rate (msg/s).",
     "merge_bytes_rate_out_threshold": "Neighbours may merge while both stay below this outbound "
     "byte rate (B/s).",
+    "rebucket_down_window": "How long a segment holding more entry buckets than its budget "
+    "share and than the ordered consumers need must stay cold before its bucket count is "
+    "lowered (rebucket rollover).",
 }
 
 
