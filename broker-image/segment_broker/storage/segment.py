@@ -18,31 +18,40 @@ chunks overlaps with syncing the previous ones. When a sync completes, the event
 (producer connections send their acks, dispatchers push to consumers). With
 ``fsync="interval"`` entries become visible once written and the syncer runs every
 ``fsync_interval_ms`` (an explicit, weaker option: a machine crash loses the last interval).
+
+Beside this module: the records (:mod:`.meta`), the refusals (:mod:`.errors`), producer
+de-duplication (:mod:`.dedup`), the in-memory entry cache (:mod:`.cache`), what retention lets
+go (:mod:`.retention`), the log files (:mod:`.log`) and the cursors (:mod:`.cursor`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import logging
-import re
 import shutil
 import struct
 import threading
 import time
-from array import array
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from scalable_topics.core.layout import HashRange, SegmentInfo, descriptor
-from scalable_topics.core.wire import ENTRY_HEADER_SIZE, EntryHeader
+from scalable_topics.core.wire import EntryHeader
 
+from . import dedup
+from .cache import EntryCache
 from .cursor import Cursor, SubscriptionType
+from .dedup import ProducerState
+from .errors import (
+    SegmentCorruptedError,
+    SegmentGoneError,
+    SegmentNotWritableError,
+    SegmentReleasingError,
+    SegmentSealedError,
+)
 from .fsutil import atomic_write_json, fsync_dir, read_json
 from .log import (
     Corruption,
@@ -51,181 +60,40 @@ from .log import (
     RecoveryReport,
     SegmentLog,
     TruncateReport,
-    scan_records,
 )
+from .meta import (
+    FENCE_FILE,
+    SUBSCRIPTION_NAME,
+    FsyncMode,
+    Retention,
+    SealInfo,
+    SegmentMeta,
+    StorageSettings,
+)
+from .retention import beyond_retention
+
+__all__ = [
+    "FENCE_FILE",
+    "SUBSCRIPTION_NAME",
+    "DurableListener",
+    "FsyncMode",
+    "ProducerState",
+    "Retention",
+    "SealInfo",
+    "Segment",
+    "SegmentCorruptedError",
+    "SegmentGoneError",
+    "SegmentMeta",
+    "SegmentNotWritableError",
+    "SegmentReleasingError",
+    "SegmentSealedError",
+    "StorageSettings",
+]
 
 log = logging.getLogger(__name__)
 
-FsyncMode = Literal["always", "interval"]
-SUBSCRIPTION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_DEDUP_NAME = re.compile(r"^dedup-(\d{20})\.json$")
 _MSG_COUNT = struct.Struct("<I")
 _OFF_MSG_COUNT = 18
-_RECENT_PER_PRODUCER = 4096
-FENCE_FILE = "fenced.json"
-
-
-class SegmentSealedError(Exception):
-    """Appending to a sealed segment. ``seal`` is None while the seal is being made durable
-    (wait for ``Segment.sealed_event``)."""
-
-    def __init__(self, seal: SealInfo | None) -> None:
-        super().__init__("segment is sealed")
-        self.seal = seal
-
-
-class SegmentNotWritableError(Exception):
-    """Appending to a fenced segment: it was created not writable (a split or merge child whose
-    parents are not sealed yet) and has not been activated."""
-
-
-class SegmentReleasingError(SegmentNotWritableError):
-    """Appending to a segment fenced for an ownership transfer (``fence_reason`` "releasing"):
-    the entry is neither stored nor acknowledged and the producer stays connected; it re-sends
-    at the new owner named in the close frame (docs/protocol.md, "Ownership transfer")."""
-
-
-class SegmentGoneError(Exception):
-    """The segment was deleted or the broker is shutting down."""
-
-
-class SegmentCorruptedError(Exception):
-    """The segment is quarantined: its log is damaged at ``corruption.position`` and it takes
-    no appends, seal or retention until an operator truncates it (``Segment.truncate``)."""
-
-    def __init__(self, name: str, corruption: Corruption) -> None:
-        super().__init__(
-            f"segment {name} is corrupted at position {corruption.position} "
-            f"({corruption.file} offset {corruption.offset}: {corruption.reason}); it is "
-            "quarantined until an operator truncates it"
-        )
-        self.corruption = corruption
-
-
-@dataclass(frozen=True)
-class StorageSettings:
-    fsync: FsyncMode = "always"
-    fsync_interval_ms: int = 50
-    roll_bytes: int = 256 * 1024 * 1024
-    index_interval: int = 64 * 1024
-    cache_bytes: int = 16 * 1024 * 1024
-    cursor_flush_ms: int = 100
-
-
-@dataclass(frozen=True)
-class Retention:
-    time_ms: int | None = None
-    size_bytes: int | None = None
-
-    def to_json(self) -> dict[str, int | None]:
-        return {"timeMs": self.time_ms, "sizeBytes": self.size_bytes}
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any] | None) -> Retention:
-        body = body or {}
-        t = body.get("timeMs")
-        s = body.get("sizeBytes")
-        for name, v in (("timeMs", t), ("sizeBytes", s)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                raise ValueError(f"retention.{name} must be a non-negative integer")
-        return cls(time_ms=t, size_bytes=s)
-
-
-@dataclass(frozen=True)
-class SegmentMeta:
-    namespace: str
-    topic: str
-    segment_id: int
-    range_start: int
-    range_end: int
-    buckets: int
-    created_at: float
-    retention: Retention = field(default_factory=Retention)
-
-    @property
-    def descriptor(self) -> str:
-        """``%04x-%04x-%d``: the segment's directory name (DESIGN §3)."""
-        return descriptor(SegmentInfo(self.segment_id, HashRange(self.range_start, self.range_end)))
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "namespace": self.namespace,
-            "topic": self.topic,
-            "segmentId": self.segment_id,
-            "range": {"start": self.range_start, "end": self.range_end},
-            "buckets": self.buckets,
-            "createdAt": self.created_at,
-            "retention": self.retention.to_json(),
-        }
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any]) -> SegmentMeta:
-        return cls(
-            namespace=str(body["namespace"]),
-            topic=str(body["topic"]),
-            segment_id=int(body["segmentId"]),
-            range_start=int(body["range"]["start"]),
-            range_end=int(body["range"]["end"]),
-            buckets=int(body["buckets"]),
-            created_at=float(body["createdAt"]),
-            retention=Retention.from_json(body.get("retention")),
-        )
-
-
-@dataclass(frozen=True)
-class SealInfo:
-    last_position: int
-    successors: list[dict[str, Any]]
-    sealed_at: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "lastPosition": self.last_position,
-            "successors": self.successors,
-            "sealedAt": self.sealed_at,
-        }
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any]) -> SealInfo:
-        return cls(
-            last_position=int(body["lastPosition"]),
-            successors=list(body.get("successors", [])),
-            sealed_at=float(body.get("sealedAt", 0.0)),
-        )
-
-
-class ProducerState:
-    """Last sequence id of one producer plus its recent ``(sequence id, position)`` pairs, so a
-    retried entry is answered with its original position. Kept in compact arrays: a segment
-    may see many producers."""
-
-    __slots__ = ("last_seq", "positions", "seqs")
-
-    def __init__(self, last_seq: int = -1) -> None:
-        self.last_seq = last_seq
-        self.seqs = array("q")
-        self.positions = array("q")
-
-    def record(self, seq: int, position: int) -> None:
-        self.last_seq = seq
-        self.seqs.append(seq)
-        self.positions.append(position)
-        if len(self.seqs) > 2 * _RECENT_PER_PRODUCER:
-            del self.seqs[:_RECENT_PER_PRODUCER]
-            del self.positions[:_RECENT_PER_PRODUCER]
-
-    def lookup(self, seq: int) -> int:
-        i = bisect.bisect_left(self.seqs, seq)
-        if i < len(self.seqs) and self.seqs[i] == seq:
-            return self.positions[i]
-        return -1
-
-    def last_below(self, base: int) -> tuple[int, int] | None:
-        """``(seq, position)`` of this producer's last entry below position ``base``."""
-        i = bisect.bisect_left(self.positions, base) - 1
-        if i >= 0:
-            return self.seqs[i], self.positions[i]
-        return None
 
 
 DurableListener = Callable[[int], None]
@@ -287,11 +155,7 @@ class Segment:
         """Submitted, not yet visible chunks: ``(last position, per-entry load)``."""
         self._rolls: deque[tuple[LogFile, int, dict[str, tuple[int, int]]]] = deque()
         """Queued rolls: ``(filled file, next base, dedup snapshot below it)``."""
-        self._cache: list[bytes | memoryview] = []
-        self._cache_base = 0
-        self._cache_bytes = 0
-        self.cache_limit = settings.cache_bytes
-        """Bytes of recent entries kept in memory; the store shares its budget among segments."""
+        self.cache = EntryCache(settings.cache_bytes)
         self.recovery: RecoveryReport | None = None
         self.entries_in = 0
         self.messages_in = 0
@@ -344,7 +208,7 @@ class Segment:
             self.writable_event.clear()
             self.fence_reason = fence_reason
         self.visible_position = self.log.durable_position
-        self._cache_base = self.log.next_position
+        self.cache.base = self.log.next_position
         self._loop = loop
         self._writer = self.log.start_writer(
             sync_each=self.settings.fsync == "always",
@@ -368,52 +232,21 @@ class Segment:
         sealed = self.directory / "sealed.json"
         if sealed.exists():
             self.seal = SealInfo.from_json(read_json(sealed))
-        self._rebuild_dedup()
+        dedup.rebuild(self.directory, self.log, self.producers, self.name)
         fence = self.directory / FENCE_FILE
         if not fence.exists():
             return report, False, None
         reason = read_json(fence).get("reason")
         return report, True, reason if isinstance(reason, str) else None
 
-    def _rebuild_dedup(self) -> None:
-        """Load the newest usable dedup snapshot and replay the log after it.
+    @property
+    def cache_limit(self) -> int:
+        """Bytes of recent entries kept in memory; the store shares its budget among segments."""
+        return self.cache.limit
 
-        The snapshot taken when the second-to-last file was started is used (so at least one
-        whole file of history is replayed and recent retries get their exact positions back).
-        """
-        snapshots = {
-            int(m.group(1)): p for p in self.directory.iterdir() if (m := _DEDUP_NAME.match(p.name))
-        }
-        files = self.log.files
-        start = max(0, len(files) - 2)
-        while start > 0 and files[start].base not in snapshots:
-            start -= 1
-        base = files[start].base
-        if base in snapshots:
-            for name, (seq, pos) in read_json(snapshots[base]).items():
-                st = ProducerState(int(seq))
-                st.seqs.append(int(seq))
-                st.positions.append(int(pos))
-                self.producers[name] = st
-        elif base != 0:
-            log.warning("%s: no dedup snapshot at %d; dedup history starts there", self.name, base)
-        for lf in files[start:]:
-            data = lf.path.read_bytes()[: lf.size]
-            for pos, off, _length in scan_records(data):
-                if pos >= lf.next_position:
-                    break
-                e = off + 16
-                name_len = struct.unpack_from("<H", data, e + 2)[0]
-                seq = struct.unpack_from("<Q", data, e + 4)[0]
-                name = data[e + ENTRY_HEADER_SIZE : e + ENTRY_HEADER_SIZE + name_len].decode()
-                known = self.producers.get(name)
-                if known is None:
-                    self.producers[name] = known = ProducerState()
-                if seq > known.last_seq:
-                    known.record(seq, pos)
-        for path in snapshots.values():
-            if int(_DEDUP_NAME.match(path.name).group(1)) < self.log.first_position:  # type: ignore[union-attr]
-                path.unlink(missing_ok=True)
+    @cache_limit.setter
+    def cache_limit(self, value: int) -> None:
+        self.cache.limit = value
 
     @property
     def name(self) -> str:
@@ -484,10 +317,7 @@ class Segment:
         if st is None:
             self.producers[header.producer_name] = st = ProducerState()
         st.record(seq, pos)
-        self._cache.append(entry)
-        self._cache_bytes += len(entry)
-        if self._cache_bytes > self.cache_limit:
-            self._evict_cache()
+        self.cache.add(entry, self.visible_position)
         self._pending_load.append((header.message_count, len(entry), header.key_hash_sample))
         if not self._submit_scheduled and self._loop is not None:
             self._submit_scheduled = True
@@ -497,20 +327,6 @@ class Segment:
     def last_sequence_id(self, producer_name: str) -> int:
         st = self.producers.get(producer_name)
         return st.last_seq if st is not None else -1
-
-    def _evict_cache(self) -> None:
-        target = self.cache_limit // 2
-        dropped = 0
-        k = 0
-        cache = self._cache
-        limit = self.visible_position - self._cache_base
-        while self._cache_bytes - dropped > target and k < len(cache) and k <= limit:
-            dropped += len(cache[k])
-            k += 1
-        if k:
-            del cache[:k]
-            self._cache_base += k
-            self._cache_bytes -= dropped
 
     def _submit(self) -> None:
         """Hand everything staged during this event-loop pass to the writer as one chunk."""
@@ -526,11 +342,7 @@ class Segment:
         writer.submit_write(data, last)
         if filled is not None:
             base = filled.next_position
-            snapshot: dict[str, tuple[int, int]] = {}
-            for name, st in self.producers.items():
-                found = st.last_below(base)
-                if found is not None:
-                    snapshot[name] = found
+            snapshot = dedup.snapshot_below(self.producers, base)
             self._rolls.append((filled, base, snapshot))
             writer.submit_roll(lg.files[-1].path)
 
@@ -578,7 +390,7 @@ class Segment:
         snapshot in the background (both can be rebuilt, so nothing waits for them)."""
 
         def finish() -> None:
-            atomic_write_json(self.directory / f"dedup-{base:020d}.json", snapshot)
+            atomic_write_json(dedup.snapshot_path(self.directory, base), snapshot)
             self.log.write_index_blocking(old)
 
         try:
@@ -738,10 +550,7 @@ class Segment:
         if self.seal is not None and self.seal.last_position >= position:
             self.seal = SealInfo(position - 1, self.seal.successors, self.seal.sealed_at)
             atomic_write_json(self.directory / "sealed.json", self.seal.to_json())
-        for path in self.directory.iterdir():
-            m = _DEDUP_NAME.match(path.name)
-            if m is not None and int(m.group(1)) > position:
-                path.unlink()
+        dedup.drop_snapshots_above(self.directory, position)
         fsync_dir(self.directory)
         return self.log.truncate_blocking(position)
 
@@ -766,25 +575,13 @@ class Segment:
         last = self.servable_position
         if position > last:
             return []
-        if position >= self._cache_base:
-            i = position - self._cache_base
-            stop = min(i + max_entries, last + 1 - self._cache_base)
-            out: list[tuple[int, Any]] = []
-            total = 0
-            cache = self._cache
-            while i < stop:
-                e = cache[i]
-                total += len(e)
-                if out and total > max_bytes:
-                    break
-                out.append((self._cache_base + i, e))
-                i += 1
-            return out
+        if position >= self.cache.base:
+            return self.cache.read(position, last, max_entries, max_bytes)
         if position < self.log.first_position:
             return []
         known = self.log.corruption
         got = self.log.read(
-            position, min(max_entries, self._cache_base - position, last + 1 - position), max_bytes
+            position, min(max_entries, self.cache.base - position, last + 1 - position), max_bytes
         )
         found = self.log.corruption
         if found is not None and found is not known:
@@ -886,28 +683,7 @@ class Segment:
             return 0
         floor = min(c.ack_floor for c in self.cursors.values())
         candidates = self.log.deletable_files(floor)
-        pol = self.meta.retention
-        if pol.time_ms is not None:
-            cutoff = time.time() - pol.time_ms / 1000.0
-            keep_from = len(candidates)
-            for i, lf in enumerate(candidates):
-                try:
-                    mtime = lf.path.stat().st_mtime
-                except FileNotFoundError:
-                    continue
-                if mtime >= cutoff:
-                    keep_from = i
-                    break
-            candidates = candidates[:keep_from]
-        if pol.size_bytes is not None:
-            total = self.log.total_bytes
-            allowed: list[Any] = []
-            for lf in candidates:
-                if total <= pol.size_bytes:
-                    break
-                allowed.append(lf)
-                total -= lf.size
-            candidates = allowed
+        candidates = beyond_retention(candidates, self.meta.retention, self.log.total_bytes)
         if not candidates:
             return 0
         self.log.drop_files(candidates)
