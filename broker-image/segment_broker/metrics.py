@@ -8,14 +8,25 @@ producing and dispatching never touch a prometheus-client lock.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from .store import HostedSegment
+    from .storage.segment import Segment
+
+
+class MeteredSegment(Protocol):
+    """What ``/metrics`` reads of a hosted segment (``store.HostedSegment``, which imports this
+    module for its counters)."""
+
+    @property
+    def segment(self) -> Segment: ...
+
+    def backlog(self) -> dict[str, int]: ...
+
 
 _SEG_LABELS = ["namespace", "topic", "segment"]
 
@@ -36,7 +47,7 @@ FSYNC_BUCKETS = (
 
 
 class _SegmentCollector(Collector):
-    def __init__(self, segments: Callable[[], Iterable[HostedSegment]]) -> None:
+    def __init__(self, segments: Callable[[], Iterable[MeteredSegment]]) -> None:
         self._segments = segments
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -184,5 +195,5 @@ class BrokerMetrics:
             registry=self.registry,
         )
 
-    def watch_segments(self, segments: Callable[[], Iterable[HostedSegment]]) -> None:
+    def watch_segments(self, segments: Callable[[], Iterable[MeteredSegment]]) -> None:
         self.registry.register(_SegmentCollector(segments))

@@ -813,38 +813,6 @@ def _pod_ready(pod: Any) -> bool:
     return not deleting and any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
-def _existing_cluster_demo(args: argparse.Namespace) -> Demo:
-    from .demo_cluster import BROKER_IMAGE, DEFAULT_OVERLAY, OPERATOR_IMAGE, ClusterDemo
-
-    named = args.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-    if os.pathsep in named:
-        raise SystemExit(
-            f"stopic demo: KUBECONFIG names several files ({named}); pass --kubeconfig FILE"
-        )
-    kubeconfig = Path(named).expanduser().resolve()
-    if not kubeconfig.is_file():
-        raise SystemExit(f"stopic demo: kubeconfig {kubeconfig}: no such file")
-    overlay = Path(args.overlay or repo_root() / DEFAULT_OVERLAY).resolve()
-    if not (overlay / "kustomization.yaml").is_file():
-        raise SystemExit(f"stopic demo: --overlay {overlay}: no kustomization.yaml there")
-    images = {
-        repository: image
-        for repository, image in (
-            (OPERATOR_IMAGE, args.operator_image),
-            (BROKER_IMAGE, args.broker_image),
-        )
-        if image
-    }
-    return ClusterDemo(
-        kubeconfig,
-        context=args.context,
-        overlay=overlay,
-        images=images,
-        phase_timeout=args.phase_timeout,
-        cleanup=args.cleanup,
-    )
-
-
 def _check(args: argparse.Namespace) -> str | None:
     if args.existing_cluster:
         return None
@@ -858,7 +826,7 @@ def _check(args: argparse.Namespace) -> str | None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.existing_cluster:
-        demo = _existing_cluster_demo(args)
+        demo: Demo = args.existing_cluster_demo(args)
     else:
         data_dir = Path(args.data_dir).resolve()
         refused = refuse_start(data_dir)
@@ -892,7 +860,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return asyncio.run(main())
 
 
-def add_parser(sub: Any) -> None:
+def add_parser(sub: Any, existing_cluster: Callable[[argparse.Namespace], Demo]) -> None:
+    """``stopic demo``; ``existing_cluster`` makes the demo of ``--existing-cluster``
+    (``demo_cluster``, which builds on this module)."""
     demo = sub.add_parser(
         "demo",
         help="run the live demo on the local cluster (what `make run` runs)",
@@ -957,4 +927,4 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="delete namespace scalable-topics-demo (topic, Job, ServiceAccount) at the end",
     )
-    demo.set_defaults(func=cmd_demo, check=_check)
+    demo.set_defaults(func=cmd_demo, check=_check, existing_cluster_demo=existing_cluster)

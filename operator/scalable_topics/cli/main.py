@@ -157,7 +157,7 @@ def _topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "bench",
     ):
         sub.choices[name].set_defaults(func=run_command)
-    demo.add_parser(sub)
+    demo.add_parser(sub, existing_cluster=demo_cluster.existing_cluster_demo)
     demo_cluster.add_load_parser(sub)
 
 

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -58,9 +58,7 @@ from ..core.sessions import (
     encode,
 )
 from . import metrics
-
-if TYPE_CHECKING:
-    from .sessions import DagSource, Routing
+from .interfaces import DagSource, Routing
 
 __all__ = [
     "ConsumerConnection",

@@ -21,8 +21,8 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import WSMsgType, hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -51,8 +51,9 @@ from .consumers import (
     close_reason,
     leader_elsewhere,
 )
+from .interfaces import DagSource, Routing
 
-__all__ = ["DagSource", "Routing", "make_app"]
+__all__ = ["make_app"]
 
 log = logging.getLogger("scalable_topics.controller.sessions")
 
@@ -61,32 +62,6 @@ DEFAULT_HEARTBEAT = 20.0
 DEFAULT_REGISTER_TIMEOUT = 30.0
 """Seconds a consumer socket may stay open without sending ``register``."""
 RETRY_AFTER = 1
-
-
-class DagSource(Protocol):
-    """The replica's view of topics' DAGs (implemented by the operator's topic cache)."""
-
-    def dag(self, namespace: str, name: str) -> DagMessage | None:
-        """The current DAG; ``None`` if the topic is unknown."""
-        ...
-
-    def watch(self, namespace: str, name: str) -> AsyncIterator[DagMessage]:
-        """Yield on every change, latest wins: a slow watcher skips intermediate versions and
-        never blocks other watchers or the cache. It should yield the current DAG first (the
-        session drops a message equal to the one it sent last), so that nothing changed between
-        :meth:`dag` and the start of the watch is lost, and it ends when the topic is deleted.
-        """
-        ...
-
-
-class Routing(Protocol):
-    """Who leads a topic's shard (implemented by ``ShardLeadership``)."""
-
-    def leads(self, namespace: str, name: str) -> bool: ...
-
-    def leader_url(self, namespace: str, name: str) -> str:
-        """Base URL of the leader ("" when unknown)."""
-        ...
 
 
 def _error_json(status: int, code: ErrorCode | str, message: str, **headers: str) -> web.Response:
