@@ -3,11 +3,13 @@ spread over consumers beyond the segment count, hand-offs withheld until release
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from operator import methodcaller
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
@@ -447,3 +449,92 @@ def test_early_reports_are_checked_and_a_grandparent_holds_everything_back() -> 
     c.drained(owners[(0, 4)], 0, 5.0, buckets=[4, 5, 6, 7])
     assert c.is_consumable(1)
     assert c.ready_buckets(3) == c.ready_buckets(4) == (0,), "child 1's buckets 0, 1 reported"
+
+
+# -- leader failover: helpers' shares are persisted and restored as they were ------------------
+
+
+def shared_topic() -> SubscriptionCoordinator:
+    """3 segments of 4 buckets (one sealed, draining wide) and 7 consumers: helpers on each."""
+    layout = SegmentLayout.initial(2)
+    buckets = {0: 4, 1: 4}
+    c = SubscriptionCoordinator(layout, grace_period=30.0, buckets=buckets)
+    for name in "abc":
+        c.register(name, 0.0)
+    split = layout.split(0)
+    buckets = layout_buckets(split, buckets)
+    c.layout_changed(split, 1.0, buckets)
+    for name in "defg":
+        c.register(name, 2.0)
+    release_all(c, 2.0)
+    assert not c.withheld() and c.drain_wide()
+    assert any(c.sharers(s) != (c.owner_of(s),) for s in c.tracked() if c.is_consumable(s))
+    return c
+
+
+@pytest.mark.parametrize("order", ["abcdefg", "gfedcba", "dgaebfc"])
+def test_a_new_leader_rebuilds_the_same_bucket_owners_in_any_reconnect_order(order: str) -> None:
+    old = shared_topic()
+    status = old.to_status()
+    assert any("shares" in entry for entry in status["consumers"])
+    new = SubscriptionCoordinator.from_status(
+        json.loads(json.dumps(status)),
+        old.layout,
+        now=100.0,
+        grace_period=30.0,
+        buckets=old.buckets,
+    )
+    assert new.to_status() == status
+    assert new.unit_owners() == old.unit_owners()
+    for name in order:
+        result = new.register(name, 101.0)
+        assert result.moved == () and not new.withheld(), (name, new.withheld())
+        assert new.unit_owners() == old.unit_owners()
+    assert new.reassignments == 0
+    assert new.assignments() == old.assignments()
+
+
+def test_shares_in_a_status_are_checked() -> None:
+    layout = SegmentLayout.initial(1)
+    for shares, message in [
+        ("x", "must be a list"),
+        ([{"segmentId": 0}], "not valid"),
+        ([{"segmentId": 0, "buckets": [-1]}], "not a bucket index"),
+        ([{"segmentId": "0", "buckets": [1]}], "not a segment id"),
+    ]:
+        status = {"consumers": [{"name": "a", "segments": [0]}, {"name": "b", "shares": shares}]}
+        with pytest.raises(ValueError, match=message):
+            SubscriptionCoordinator.from_status(status, layout, now=0.0, buckets={0: 4})
+    twice = {
+        "consumers": [
+            {"name": "a", "segments": [0]},
+            {"name": "b", "shares": [{"segmentId": 0, "buckets": [1]}]},
+            {"name": "c", "shares": [{"segmentId": 0, "buckets": [1]}]},
+        ]
+    }
+    with pytest.raises(ValueError, match="shared by both 'b' and 'c'"):
+        SubscriptionCoordinator.from_status(twice, layout, now=0.0, buckets={0: 4})
+    # a share of a segment the new layout no longer has, or beyond its buckets, is dropped
+    stale = {
+        "consumers": [
+            {"name": "a", "segments": [0]},
+            {
+                "name": "b",
+                "shares": [{"segmentId": 0, "buckets": [2, 7]}, {"segmentId": 9, "buckets": [0]}],
+            },
+        ]
+    }
+    restored = SubscriptionCoordinator.from_status(stale, layout, now=0.0, buckets={0: 4})
+    assert restored.unit_owners() == {(0, 0): "a", (0, 1): "a", (0, 2): "b", (0, 3): "a"}
+    assert restored.to_status()["consumers"][1]["shares"] == [{"segmentId": 0, "buckets": [2]}]
+
+
+def test_shares_restored_before_the_dag_announced_the_bucket_counts_apply_once_it_does() -> None:
+    old = shared_topic()
+    status = old.to_status()
+    new = SubscriptionCoordinator.from_status(status, old.layout, now=100.0, grace_period=30.0)
+    for name in "abcdefg":
+        new.register(name, 101.0)
+    new.buckets_changed(old.buckets, 102.0)
+    release_all(new, 102.0)
+    assert new.unit_owners() == old.unit_owners()

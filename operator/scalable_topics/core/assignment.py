@@ -281,6 +281,8 @@ class _Snapshot:
     drained: frozenset[int]
     consumable: frozenset[int]
     views: dict[str, ConsumerAssignment]
+    persisted: object = None
+    """What else :meth:`Coordinator.to_status` records (a change is written)."""
 
 
 Counts = dict[str, int]
@@ -668,7 +670,11 @@ class Coordinator(Generic[K]):
             drained=frozenset(self._drained),
             consumable=self._consumable,
             views={n: self._view(n, by_owner.get(n, {})) for n in self._sessions},
+            persisted=self._persisted_extra(),
         )
+
+    def _persisted_extra(self) -> object:
+        return None
 
     def _finish(
         self,
@@ -712,6 +718,7 @@ class Coordinator(Generic[K]):
             or before.epoch != self._layout.epoch
             or before.holders != after.holders
             or before.drained != after.drained
+            or before.persisted != after.persisted
         ):
             persist = PersistEffect(self.to_status())
         moved = {
@@ -906,7 +913,12 @@ class SubscriptionCoordinator(Coordinator[int]):
     grace period runs out). A whole segment moving from one unshared owner to another is not
     withheld: the broker lets the next owner attach once the previous one detached, as before.
 
-    Helpers and their buckets are not persisted: a new leader recomputes them.
+    **Failover.** :meth:`to_status` also records each helper's ``shares`` (the buckets it
+    reads of another consumer's segments) and :meth:`from_status` restores them, so a new
+    leader rebuilds the same unit owners whatever order the consumers come back in: nothing
+    moves, nothing is withheld (a moving bucket would pause its keys for a hand-off). What the
+    leader could not persist before it died (a share changed after its last status write) is
+    recomputed like any change, through the same hand-off.
     """
 
     def __init__(
@@ -941,6 +953,9 @@ class SubscriptionCoordinator(Coordinator[int]):
         """Sealed segment -> buckets reported consumed (consumers reading it by bucket)."""
         self._ready: dict[int, tuple[int, ...]] = {}
         """Segment not consumable yet -> its buckets that may be read already."""
+        self._pending_shares: dict[Unit, str] = {}
+        """Restored shares of segments whose bucket count was not known yet (the DAG had not
+        announced it): applied once it is."""
         super().__init__(layout, grace_period=grace_period, drained=drained, buckets=buckets)
 
     @property
@@ -1034,6 +1049,23 @@ class SubscriptionCoordinator(Coordinator[int]):
 
         return self._event(now, apply)
 
+    def _persisted_extra(self) -> object:
+        return dict(self._shares)
+
+    def to_status(self) -> dict[str, Any]:
+        """:meth:`Coordinator.to_status` plus, for a consumer reading buckets of segments
+        whose primary is another consumer (a helper), ``shares``: ``[{"segmentId": 3,
+        "buckets": [2, 3]}]`` (omitted when it has none)."""
+        status = super().to_status()
+        by_helper: dict[str, list[Unit]] = {}
+        for unit, name in sorted(self._shares.items()):
+            by_helper.setdefault(name, []).append(unit)
+        for entry in status["consumers"]:
+            units = by_helper.get(entry["name"])
+            if units:
+                entry["shares"] = _group_units(units)
+        return status
+
     def released(
         self, name: str, segment_id: int, buckets: Iterable[int], now: float
     ) -> CoordinatorResult:
@@ -1070,6 +1102,14 @@ class SubscriptionCoordinator(Coordinator[int]):
         coordinator = cls(
             layout, strategy=strategy, grace_period=grace_period, drained=drained, buckets=buckets
         )
+        shares = _parse_shares(data)
+        # bucket 0 exists whatever the count; others wait until the DAG announces the count
+        coordinator._shares = {
+            u: n for u, n in shares.items() if u[0] in coordinator._buckets or u[1] == 0
+        }
+        coordinator._pending_shares = {
+            u: n for u, n in shares.items() if u not in coordinator._shares
+        }
         owner: dict[int, str] = {}
         for name, segments in consumers:
             for segment_id in segments:
@@ -1159,6 +1199,11 @@ class SubscriptionCoordinator(Coordinator[int]):
         sessions = self._sessions
         primary = {s: n for s, n in self._owner.items() if s in self._consumable}
         counts = {s: self.bucket_count(s) for s in primary}
+        for unit, n in list(self._pending_shares.items()):
+            if unit[0] in self._buckets or unit[0] not in self._blocked:
+                del self._pending_shares[unit]
+                if unit[0] in self._buckets and unit not in self._shares:
+                    self._shares[unit] = n
 
         # Shares still valid: of a consumable segment, owned by a registered consumer that is
         # not the primary and has no consumable segment of its own. A helper in its grace
@@ -1417,6 +1462,35 @@ class QueueCoordinator(Coordinator[Unit]):
         connection), then the newest segment's highest bucket (slices stay contiguous)."""
         segment_id, bucket = item
         return rank, 0 if segment_id in recipient_segments else 1, -segment_id, -bucket
+
+
+def _parse_shares(data: Mapping[str, Any]) -> dict[Unit, str]:
+    """The helpers' ``shares`` of a stream subscription's status entry (see
+    :meth:`SubscriptionCoordinator.to_status`)."""
+    shares: dict[Unit, str] = {}
+    for entry in data.get("consumers") or []:
+        name = entry["name"]
+        listed = entry.get("shares") or []
+        if not isinstance(listed, list):
+            raise ValueError(f"subscription status: shares of {name!r} must be a list")
+        for share in listed:
+            if not isinstance(share, Mapping) or not isinstance(share.get("buckets"), list):
+                raise ValueError(f"subscription status: share {share!r} of {name!r} is not valid")
+            segment_id = _as_segment_id(share.get("segmentId"), f"shares of {name!r}")
+            for bucket in share["buckets"]:
+                if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
+                    raise ValueError(
+                        f"subscription status: bucket {bucket!r} in the shares of {name!r} is "
+                        "not a bucket index"
+                    )
+                unit = (segment_id, bucket)
+                if unit in shares:
+                    raise ValueError(
+                        f"subscription status: bucket {bucket} of segment {segment_id} is "
+                        f"shared by both {shares[unit]!r} and {name!r}"
+                    )
+                shares[unit] = name
+    return shares
 
 
 def _whole_owners(units: Mapping[Unit, str]) -> dict[int, str]:

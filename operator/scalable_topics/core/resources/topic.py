@@ -237,12 +237,24 @@ class ControllerRef(_Status):
     since: Timestamp | None = Field(None, description="When this leader took the topic over.")
 
 
+class ShareStatus(_Status):
+    """Entry buckets of one segment a consumer reads for the segment's primary consumer."""
+
+    segment_id: int = Field(ge=0, description="Segment id.")
+    buckets: list[int] = Field(description="Bucket indexes of the segment.")
+
+
 class ConsumerStatus(_Status):
     """A registered consumer and the segments assigned to it."""
 
     name: str = Field(description="Consumer name (its identity across reconnects).")
     segments: list[int] = Field(default_factory=list, description="Assigned segment ids.")
     connected: bool | None = Field(None, description="Whether a session is open now.")
+    shares: list[ShareStatus] = Field(
+        default_factory=list,
+        description="Stream subscriptions: entry buckets this consumer reads of segments "
+        "assigned to another consumer (PIP-486 key-shared helpers), restored by a new leader.",
+    )
 
 
 class SubscriptionStatus(_Status):
