@@ -475,10 +475,6 @@ class SegmentLog:
     def has_pending(self) -> bool:
         return bool(self._pending)
 
-    @property
-    def pending_bytes(self) -> int:
-        return len(self._pending)
-
     def take_pending(self) -> tuple[bytearray, list[tuple[int, int]], int]:
         """Detach the staged bytes: ``(data, index points, last position)``."""
         data = self._pending

@@ -282,7 +282,6 @@ class _ConsumerBase:
         self._started = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._assignment: dict[int, proto.AssignedSegmentModel] = {}
-        self._assignment_epoch = -1
         self._assigned = asyncio.Event()
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._reported: set[int] = set()
@@ -367,10 +366,6 @@ class _ConsumerBase:
     def assignment(self) -> list[int]:
         """Segment ids currently assigned, in DAG order."""
         return list(self._assignment)
-
-    @property
-    def assignment_epoch(self) -> int:
-        return self._assignment_epoch
 
     async def wait_assignment(
         self, predicate: Callable[[list[int]], bool], within: float | None = None
@@ -511,7 +506,6 @@ class _ConsumerBase:
         self.assignments_received += 1
         self._reported.clear()
         self._assignment = {s.segment_id: s for s in message.segments}
-        self._assignment_epoch = message.layout_epoch
         self._releasing = {r.segment_id: r.buckets for r in message.releasing}
         self._released_sent.clear()
         self._buckets_reported.clear()

@@ -231,10 +231,6 @@ class KubeApi:
 
     # -- Pods, namespaces ------------------------------------------------------------------------
 
-    async def list_pods(self, namespace: str, label_selector: str) -> list[k8s.V1Pod]:
-        result = await self.core.list_namespaced_pod(namespace, label_selector=label_selector)
-        return list(result.items)
-
     async def list_pods_all_namespaces(self, label_selector: str) -> list[JsonObj]:
         """Pods as dicts (the shape kopf's events carry, camelCase keys)."""
         result = await self.core.list_pod_for_all_namespaces(label_selector=label_selector)

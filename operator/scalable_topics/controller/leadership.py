@@ -79,17 +79,10 @@ class ShardLeadership:
     def leads(self, namespace: str, name: str) -> bool:
         return self.electors[self.shard_of(namespace, name)].is_leader
 
-    def leads_shard(self, shard: int) -> bool:
-        return self.electors[shard].is_leader
-
     def leader_url(self, namespace: str, name: str) -> str:
         """The URL of whoever leads the topic's shard as last observed ("" when unknown)."""
         elector = self.electors[self.shard_of(namespace, name)]
         return self.url if elector.is_leader else elector.observed_holder_url
-
-    def leader_identity(self, namespace: str, name: str) -> str:
-        elector = self.electors[self.shard_of(namespace, name)]
-        return self.identity if elector.is_leader else elector.observed_holder
 
     def progress(self) -> list[LeaseProgress]:
         """Each shard's elector as the liveness rule sees it. A loop counts as running until a

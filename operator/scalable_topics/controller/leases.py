@@ -138,10 +138,6 @@ class LeaderElector:
         return self._renewed_at
 
     @property
-    def observed_holder(self) -> str:
-        return self._observed.holder if self._observed else ""
-
-    @property
     def observed_holder_url(self) -> str:
         return self._observed.holder_url if self._observed else ""
 

@@ -67,10 +67,6 @@ class Resource:
                 base += f"/{subresource}"
         return base
 
-    @property
-    def api_version(self) -> str:
-        return self.version if not self.group else f"{self.group}/{self.version}"
-
 
 PODS = Resource("", "v1", "pods")
 CONFIGMAPS = Resource("", "v1", "configmaps")
