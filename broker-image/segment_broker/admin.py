@@ -11,9 +11,9 @@ from typing import Any
 from aiohttp import web
 
 from scalable_topics.core import wire
+from scalable_topics.core.subscriptions import BrokerSubscriptionType
 
 from .routes import hosted_segment, json_error, read_body, run_admin, segment_key
-from .storage.cursor import SubscriptionType
 from .storage.segment import Retention
 from .store import HostedSegment, NotFoundError, SegmentStore
 
@@ -54,13 +54,13 @@ class AdminRoutes:
             writable = body.get("writable", True)
             if not isinstance(writable, bool):
                 raise ValueError("writable must be a boolean")
-            subs: dict[str, SubscriptionType] = {}
+            subs: dict[str, BrokerSubscriptionType] = {}
             for item in body.get("subscriptions", []):
                 if not isinstance(item, dict):
                     raise ValueError("subscriptions must be objects {name, type}")
                 name = str(item["name"])
                 _check_subscription_name(name)
-                subs[name] = SubscriptionType.parse(str(item.get("type", "Exclusive")))
+                subs[name] = BrokerSubscriptionType.parse(str(item.get("type", "Exclusive")))
             retention = body.get("retention")
             if retention is not None and not isinstance(retention, dict):
                 raise ValueError("retention must be an object {timeMs, sizeBytes}")
@@ -138,7 +138,7 @@ class AdminRoutes:
             body = await read_body(request)
             name = request.match_info["subscription"]
             _check_subscription_name(name)
-            sub_type = SubscriptionType.parse(str(body.get("type", "Exclusive")))
+            sub_type = BrokerSubscriptionType.parse(str(body.get("type", "Exclusive")))
             initial = str(body.get("initialPosition", "earliest")).lower()
             if initial not in ("earliest", "latest"):
                 raise ValueError("initialPosition must be 'earliest' or 'latest'")

@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from scalable_topics.core import wire
+from scalable_topics.core.subscriptions import BrokerSubscriptionType
 
 from .connection import (
     Closing,
@@ -19,7 +20,6 @@ from .connection import (
     protocol_error,
 )
 from .dispatch import Consumer, Dispatcher, DispatchError
-from .storage.cursor import SubscriptionType
 from .storage.log import Corruption
 from .transfer import hold_incoming
 
@@ -66,7 +66,7 @@ class ConsumerConnection(Connection):
         permits = hello.get("permits", 0)
         if not isinstance(permits, int) or isinstance(permits, bool) or permits < 0:
             raise protocol_error("bad_hello", "permits must be a non-negative integer")
-        if disp.type is SubscriptionType.EXCLUSIVE and self.version < 2:
+        if disp.type is BrokerSubscriptionType.EXCLUSIVE and self.version < 2:
             buckets = None  # version 1: an Exclusive subscription ignores buckets
         seg = self.hosted.segment
         meta = seg.meta

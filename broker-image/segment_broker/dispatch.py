@@ -42,9 +42,10 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from scalable_topics.core.subscriptions import BrokerSubscriptionType
 from scalable_topics.core.wire import bucket_of, entry_bucket_hash
 
-from .storage.cursor import Cursor, SubscriptionType
+from .storage.cursor import Cursor
 from .storage.log import Corruption
 from .storage.segment import Segment
 
@@ -128,7 +129,7 @@ class Dispatcher:
         self.owners: dict[int, Consumer] = {}
         self.lanes: dict[int, list[int]] = {}
         self.parked = 0
-        self.keyed = cursor.type is SubscriptionType.KEY_SHARED
+        self.keyed = cursor.type is BrokerSubscriptionType.KEY_SHARED
         """Entries go to their bucket's owner (KeyShared, or a Queue with bucket owners)."""
         self.redeliveries: dict[int, int] = {}
         self.next_read = cursor.next_unacked(cursor.ack_floor)
@@ -141,7 +142,7 @@ class Dispatcher:
     def attach(self, name: str, buckets: Sequence[int] | None, sink: ConsumerSink) -> Consumer:
         n = self.segment.meta.buckets
         owned: frozenset[int] | None = None
-        exclusive = self.type is SubscriptionType.EXCLUSIVE
+        exclusive = self.type is BrokerSubscriptionType.EXCLUSIVE
         if exclusive and (buckets is None or any(c.buckets is None for c in self.consumers)):
             if self.consumers:
                 raise DispatchError(
@@ -149,7 +150,7 @@ class Dispatcher:
                     f"subscription {self.cursor.name!r} already has consumer "
                     f"{self.consumers[0].name!r}",
                 )
-        elif self.type is SubscriptionType.KEY_SHARED or buckets is not None:
+        elif self.type is BrokerSubscriptionType.KEY_SHARED or buckets is not None:
             if buckets is None:
                 if n != 1:
                     raise DispatchError(
@@ -166,7 +167,7 @@ class Dispatcher:
                     "BucketConflict",
                     f"buckets {taken} are owned by {self.owners[taken[0]].name!r}",
                 )
-        if self.type is SubscriptionType.QUEUE:
+        if self.type is BrokerSubscriptionType.QUEUE:
             self._check_kind(owned is not None)
         elif exclusive and not self.consumers:
             self._set_keyed(owned is not None)
@@ -230,7 +231,7 @@ class Dispatcher:
         if max(positions) > last:
             raise DispatchError("ProtocolError", f"ack beyond the last position {last}")
         if cumulative:
-            if self.type is not SubscriptionType.EXCLUSIVE or consumer.buckets is not None:
+            if self.type is not BrokerSubscriptionType.EXCLUSIVE or consumer.buckets is not None:
                 raise DispatchError(
                     "ProtocolError",
                     "cumulative acks are only allowed on Exclusive subscriptions, by a consumer "

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from scalable_topics.core import wire
+from scalable_topics.core.subscriptions import BrokerSubscriptionType
 
 from .corruption import CorruptionReporter, CorruptionStatus
 from .dispatch import Dispatcher
 from .load import LoadTracker, SegmentLoad
 from .metrics import BrokerMetrics
-from .storage.cursor import SubscriptionType
 from .storage.fsutil import atomic_write_json, fsync_dir
 from .storage.log import Corruption, TruncateReport
 from .storage.segment import Retention, Segment, SegmentMeta, StorageSettings
@@ -346,7 +346,7 @@ class SegmentStore:
         range_start: int,
         range_end: int,
         buckets: int,
-        subscriptions: dict[str, SubscriptionType],
+        subscriptions: dict[str, BrokerSubscriptionType],
         retention: Retention,
         *,
         writable: bool = True,
@@ -413,7 +413,7 @@ class SegmentStore:
             return hosted
 
     async def create_subscription(
-        self, hosted: HostedSegment, name: str, sub_type: SubscriptionType, *, at_end: bool
+        self, hosted: HostedSegment, name: str, sub_type: BrokerSubscriptionType, *, at_end: bool
     ) -> bool:
         seg = hosted.segment
         existed = name in seg.cursors

@@ -33,10 +33,11 @@ from typing import Any
 from aiohttp import web
 
 from scalable_topics.core import wire
+from scalable_topics.core.subscriptions import BrokerSubscriptionType
 from scalable_topics.core.transfer import CLOSE_SEGMENT_MOVED, ERR_SEGMENT_MOVED, moved_fields
 
 from .routes import hosted_segment, read_body, run_admin, segment_key
-from .storage.cursor import Cursor, SubscriptionType
+from .storage.cursor import Cursor
 from .storage.fsutil import atomic_write_json, fsync_dir, read_json
 from .storage.segment import Retention, SealInfo, Segment, SegmentMeta
 from .store import ConflictError, HostedSegment, NotFoundError, SegmentStore, validate_name
@@ -285,7 +286,7 @@ class TransferRoutes:
         if not isinstance(first, int) or first < 0:
             raise ValueError("firstPosition must be a non-negative integer")
         subs = {
-            name: SubscriptionType(str(cur["type"])).value
+            name: BrokerSubscriptionType(str(cur["type"])).value
             for name, cur in dict(body.get("cursors", {})).items()
         }
         dedup = body.get("dedupBelowFirst")

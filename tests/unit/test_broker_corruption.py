@@ -22,11 +22,12 @@ import pytest
 from aiohttp import web
 
 from scalable_topics.core import wire
+from scalable_topics.core.subscriptions import BrokerSubscriptionType
 from segment_broker.corruption import CorruptionStatus
 from segment_broker.dispatch import Dispatcher
 from segment_broker.metrics import BrokerMetrics
 from segment_broker.server import Broker, ConsumerConnection
-from segment_broker.storage.cursor import Cursor, SubscriptionType
+from segment_broker.storage.cursor import Cursor
 from segment_broker.storage.log import (
     CLEAN_SHUTDOWN,
     INDEX_HEADER,
@@ -414,7 +415,7 @@ def test_find_intact_record_sees_past_damage_and_not_into_garbage() -> None:
 
 
 def test_cursor_truncate_forgets_acknowledgements_at_and_above_the_cut() -> None:
-    cur = Cursor("s", SubscriptionType.QUEUE)
+    cur = Cursor("s", BrokerSubscriptionType.QUEUE)
     cur.ack_cumulative(9)
     for p in (12, 13, 20, 21, 22, 30):
         cur.ack(p)

@@ -5,14 +5,15 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from segment_broker.storage.cursor import Cursor, SubscriptionType
+from scalable_topics.core.subscriptions import BrokerSubscriptionType
+from segment_broker.storage.cursor import Cursor
 
 ops = st.lists(st.tuples(st.sampled_from(["ack", "cumulative"]), st.integers(0, 60)), max_size=80)
 
 
 @given(ops)
 def test_cursor_matches_a_set_of_acked_positions(operations: list[tuple[str, int]]) -> None:
-    cur = Cursor(name="s", type=SubscriptionType.QUEUE)
+    cur = Cursor(name="s", type=BrokerSubscriptionType.QUEUE)
     acked: set[int] = set()
     for op, pos in operations:
         if op == "ack":
@@ -43,7 +44,7 @@ def test_cursor_matches_a_set_of_acked_positions(operations: list[tuple[str, int
 
 
 def test_ack_reports_whether_anything_changed() -> None:
-    cur = Cursor(name="s", type=SubscriptionType.EXCLUSIVE)
+    cur = Cursor(name="s", type=BrokerSubscriptionType.EXCLUSIVE)
     assert cur.ack(3)
     assert not cur.ack(3)
     assert cur.ack_cumulative(5)
@@ -52,6 +53,6 @@ def test_ack_reports_whether_anything_changed() -> None:
 
 
 def test_subscription_type_aliases() -> None:
-    assert SubscriptionType.parse("Stream") is SubscriptionType.EXCLUSIVE
-    assert SubscriptionType.parse("key_shared") is SubscriptionType.KEY_SHARED
-    assert SubscriptionType.parse("Shared") is SubscriptionType.QUEUE
+    assert BrokerSubscriptionType.parse("Stream") is BrokerSubscriptionType.EXCLUSIVE
+    assert BrokerSubscriptionType.parse("key_shared") is BrokerSubscriptionType.KEY_SHARED
+    assert BrokerSubscriptionType.parse("Shared") is BrokerSubscriptionType.QUEUE

@@ -18,9 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scalable_topics.core import wire
+from scalable_topics.core.subscriptions import BrokerSubscriptionType
 from scalable_topics.core.wire import Message
 from segment_broker.dispatch import Consumer, Dispatcher, DispatchError
-from segment_broker.storage.cursor import Cursor, SubscriptionType
+from segment_broker.storage.cursor import Cursor
 from segment_broker.storage.log import Corruption
 from segment_broker.storage.segment import Segment, SegmentMeta, StorageSettings
 
@@ -107,11 +108,11 @@ ops = st.lists(
 
 
 MODES = [
-    (SubscriptionType.EXCLUSIVE, False),
-    (SubscriptionType.EXCLUSIVE, True),
-    (SubscriptionType.QUEUE, False),
-    (SubscriptionType.QUEUE, True),
-    (SubscriptionType.KEY_SHARED, True),
+    (BrokerSubscriptionType.EXCLUSIVE, False),
+    (BrokerSubscriptionType.EXCLUSIVE, True),
+    (BrokerSubscriptionType.QUEUE, False),
+    (BrokerSubscriptionType.QUEUE, True),
+    (BrokerSubscriptionType.KEY_SHARED, True),
 ]
 
 
@@ -120,7 +121,7 @@ MODES = [
 @given(operations=ops)
 def test_dispatch_invariants(
     segment: Segment,
-    sub_type: SubscriptionType,
+    sub_type: BrokerSubscriptionType,
     keyed: bool,
     operations: list[tuple[str, int, int]],
 ) -> None:
@@ -128,16 +129,19 @@ def test_dispatch_invariants(
 
 
 async def _scenario(
-    seg: Segment, sub_type: SubscriptionType, keyed: bool, operations: list[tuple[str, int, int]]
+    seg: Segment,
+    sub_type: BrokerSubscriptionType,
+    keyed: bool,
+    operations: list[tuple[str, int, int]],
 ) -> None:
     cursor = Cursor(name="s", type=sub_type)
     disp = Dispatcher(seg, cursor, max_parked=50)
-    ordered = keyed or sub_type is SubscriptionType.EXCLUSIVE
+    ordered = keyed or sub_type is BrokerSubscriptionType.EXCLUSIVE
 
     def buckets(idx: int) -> list[int] | None:
         return [idx] if keyed else None
 
-    whole = sub_type is SubscriptionType.EXCLUSIVE and not keyed
+    whole = sub_type is BrokerSubscriptionType.EXCLUSIVE and not keyed
 
     live: dict[int, tuple[Consumer, Sink]] = {}
     acked: set[int] = set()
@@ -171,7 +175,7 @@ async def _scenario(
             try:
                 c = disp.attach(f"c{idx}", buckets(idx), sink)
             except DispatchError:
-                assert sub_type is SubscriptionType.EXCLUSIVE and live
+                assert sub_type is BrokerSubscriptionType.EXCLUSIVE and live
                 continue
             live[idx] = (c, sink)
         elif entry is None:
@@ -224,7 +228,7 @@ async def _settle() -> None:
 
 
 async def test_a_queue_is_keyed_or_round_robin_as_its_consumers_are(segment: Segment) -> None:
-    disp = Dispatcher(segment, Cursor(name="q", type=SubscriptionType.QUEUE))
+    disp = Dispatcher(segment, Cursor(name="q", type=BrokerSubscriptionType.QUEUE))
     keyed = disp.attach("k", [0, 1], Sink())
     assert disp.keyed
     with pytest.raises(DispatchError) as info:
@@ -245,7 +249,7 @@ async def test_a_queue_is_keyed_or_round_robin_as_its_consumers_are(segment: Seg
 async def test_switching_kind_sorts_parked_entries_into_bucket_lanes(segment: Segment) -> None:
     """Entries a round-robin consumer held unacknowledged go, once the subscription turns
     keyed, only to their bucket's owner, first and in position order."""
-    disp = Dispatcher(segment, Cursor(name="q", type=SubscriptionType.QUEUE))
+    disp = Dispatcher(segment, Cursor(name="q", type=BrokerSubscriptionType.QUEUE))
     rr_sink = Sink()
     rr = disp.attach("rr", None, rr_sink)
     disp.flow(rr, 40)
@@ -275,7 +279,7 @@ async def test_switching_kind_sorts_parked_entries_into_bucket_lanes(segment: Se
 
 
 async def test_a_bucket_changes_owner_only_once_the_owner_let_go(segment: Segment) -> None:
-    disp = Dispatcher(segment, Cursor(name="q", type=SubscriptionType.QUEUE))
+    disp = Dispatcher(segment, Cursor(name="q", type=BrokerSubscriptionType.QUEUE))
     first_sink = Sink()
     first = disp.attach("first", [0, 1, 2, 3], first_sink)
     disp.flow(first, 30)
@@ -307,7 +311,7 @@ async def test_an_exclusive_subscription_is_shared_by_bucket_owners_or_held_whol
     """Protocol v2 (PIP-486): stream consumers naming buckets share an Exclusive subscription,
     each getting only its buckets, in order, with individual acks; a whole-segment consumer
     and bucket owners never attach at once."""
-    disp = Dispatcher(segment, Cursor(name="s", type=SubscriptionType.EXCLUSIVE))
+    disp = Dispatcher(segment, Cursor(name="s", type=BrokerSubscriptionType.EXCLUSIVE))
     whole = disp.attach("whole", None, Sink())
     with pytest.raises(DispatchError) as info:
         disp.attach("b", [0], Sink())
@@ -347,7 +351,7 @@ async def test_a_bucket_owner_hears_when_each_bucket_of_a_sealed_segment_is_ackn
     acknowledged by the subscription - per bucket, while other buckets still have backlog."""
     seg = sealed_segment
     assert seg.seal is not None and seg.seal.last_position == ENTRIES - 1
-    disp = Dispatcher(seg, Cursor(name="s", type=SubscriptionType.EXCLUSIVE))
+    disp = Dispatcher(seg, Cursor(name="s", type=BrokerSubscriptionType.EXCLUSIVE))
     fast, slow = Sink(), Sink()
     a = disp.attach("a", [0, 1], fast)
     b = disp.attach("b", [2, 3], slow)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from scalable_topics.core import wire
+from scalable_topics.core.subscriptions import BrokerSubscriptionType
 from scalable_topics.core.wire import Message
-from segment_broker.storage.cursor import SubscriptionType
 from segment_broker.storage.log import CLEAN_SHUTDOWN, RECORD_HEADER
 from segment_broker.storage.segment import (
     Retention,
@@ -203,7 +203,7 @@ async def test_cursors_are_persisted_and_reloaded(
     await _durable(seg, 4)
     seg.cursors["s"].ack_cumulative(1)
     seg.cursors["s"].ack(3)
-    await seg.add_cursor("late", SubscriptionType.QUEUE, at_end=True)
+    await seg.add_cursor("late", BrokerSubscriptionType.QUEUE, at_end=True)
     await seg.close()
     seg = await _open(path, executor)
     assert seg.cursors["s"].ack_floor == 2 and seg.cursors["s"].is_acked(3)

@@ -18,15 +18,11 @@ from typing import Any
 
 from scalable_topics.core.subscriptions import BrokerSubscriptionType
 
-SubscriptionType = BrokerSubscriptionType
-"""The broker's subscription types, defined in core next to the spec's (the controller maps one
-to the other)."""
-
 
 @dataclass
 class Cursor:
     name: str
-    type: SubscriptionType
+    type: BrokerSubscriptionType
     ack_floor: int = 0
     starts: list[int] = field(default_factory=list)
     ends: list[int] = field(default_factory=list)
@@ -152,7 +148,7 @@ class Cursor:
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Cursor:
-        cur = cls(name=str(body["name"]), type=SubscriptionType(body["type"]))
+        cur = cls(name=str(body["name"]), type=BrokerSubscriptionType(body["type"]))
         cur.ack_floor = int(body["ackFloor"])
         for s, e in body.get("ackedRanges", []):
             if int(e) > int(s) >= cur.ack_floor:

@@ -39,11 +39,12 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
+from scalable_topics.core.subscriptions import BrokerSubscriptionType
 from scalable_topics.core.wire import EntryHeader
 
 from . import dedup
 from .cache import EntryCache
-from .cursor import Cursor, SubscriptionType
+from .cursor import Cursor
 from .dedup import ProducerState
 from .errors import (
     SegmentCorruptedError,
@@ -191,7 +192,7 @@ class Segment:
                 marker["reason"] = fence_reason
             atomic_write_json(directory / FENCE_FILE, marker)
         for name, sub_type in subs.items():
-            cur = Cursor(name=name, type=SubscriptionType.parse(sub_type))
+            cur = Cursor(name=name, type=BrokerSubscriptionType.parse(sub_type))
             atomic_write_json(directory / "cursors" / f"{name}.json", cur.to_json())
         atomic_write_json(directory / "segment.json", meta.to_json())
         fsync_dir(directory.parent)
@@ -600,7 +601,7 @@ class Segment:
 
     # --- cursors -------------------------------------------------------------------------------
 
-    async def add_cursor(self, name: str, sub_type: SubscriptionType, at_end: bool) -> Cursor:
+    async def add_cursor(self, name: str, sub_type: BrokerSubscriptionType, at_end: bool) -> Cursor:
         existing = self.cursors.get(name)
         if existing is not None:
             if existing.type != sub_type:
