@@ -31,7 +31,7 @@ from segment_broker.testing import BrokerProcess
 from tests.chaos.checker import RestartKind, check
 from tests.chaos.workload import OpenLoopWriter, Recorder
 
-from .client_harness import KeyedLoad, OperatorReplica, TopicEnv, check_order
+from .client_harness import KeyedLoad, OperatorReplica, TopicEnv, check_order, start_operator
 from .conftest import eventually
 from .test_client_queue_order import Interval, Worker, check_exclusive, progressed
 
@@ -441,4 +441,81 @@ async def test_a_child_bucket_starts_while_another_parent_bucket_still_has_backl
         await asyncio.gather(*tasks, return_exceptions=True)
         for consumer in consumers.values():
             await consumer.close()
+        await env.close()
+
+
+async def test_a_new_leader_keeps_the_bucket_owners_of_the_old_one(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    """Leader failover with key-shared helpers: three stream consumers share a one-segment
+    topic's four buckets; leadership moves to a standby restoring from the persisted status
+    (with the helpers' shares). The consumers follow and the standby's bucket owners are the
+    old leader's: nothing moved, nothing withheld, and every key still comes in order."""
+    env = TopicEnv(
+        operator, [b.url for b in brokers], NS, "failover", subscriptions={SUB: "Stream"}
+    )
+    await env.create(1)
+    standby = await start_operator(leader=operator.url)
+    env.operators.append(standby)
+    env.publish()  # the standby's DAG knows the segment and its bucket count
+    keys = [f"k{i}" for i in range(12)]
+    consumers = [StreamConsumer(env.service_url, NS, env.topic, SUB, n) for n in "abc"]
+    received: list[tuple[str, int]] = []
+    load = KeyedLoad(keys)
+
+    async def run(consumer: StreamConsumer) -> None:
+        while True:
+            message = await consumer.receive()
+            received.append(KeyedLoad.parse(message.value))
+            consumer.ack_nowait(message)
+
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for consumer in consumers:
+            await consumer.start()
+        await eventually(
+            lambda: len(_readers(_coordinator(env))) == 3 and not _coordinator(env).withheld(),
+            within=10,
+        )
+        owners = _coordinator(env).unit_owners()
+        assert len(set(owners.values())) == 3
+        persisted = operator.persisted[(NS, env.topic, SUB)]
+        assert any(entry.get("shares") for entry in persisted["consumers"])
+        tasks = [asyncio.create_task(run(c)) for c in consumers]
+        async with ScalableTopicProducer(env.service_url, NS, env.topic, linger_ms=2) as producer:
+            await load.run(producer, 10)
+            await eventually(lambda: set(load.acked) <= set(received), within=20)
+
+            operator.routing.leader = standby.url
+            standby.routing.leader = standby.url
+            standby.hub.restore(
+                NS,
+                env.topic,
+                env.layout,
+                [{"name": SUB, "type": "Stream", **json.loads(json.dumps(persisted))}],
+                grace_period=30.0,
+                strategies={SUB: "sticky"},
+            )
+            operator.hub.forget_topic(NS, env.topic)
+
+            def followed() -> bool:
+                coordinator = standby.hub.coordinator(NS, env.topic, SUB)
+                return coordinator is not None and coordinator.connected() == ["a", "b", "c"]
+
+            await eventually(followed, within=15)
+            new = standby.hub.coordinator(NS, env.topic, SUB)
+            assert isinstance(new, SubscriptionCoordinator)
+            assert new.unit_owners() == owners
+            assert new.withheld() == {} and new.reassignments == 0
+            await load.run(producer, 10, first=10)
+            await eventually(lambda: set(load.acked) <= set(received), within=20)
+        assert new.unit_owners() == owners and new.reassignments == 0
+        check_order(received, load.acked)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for consumer in consumers:
+            await consumer.close()
+        await standby.stop()
         await env.close()
