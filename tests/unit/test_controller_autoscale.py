@@ -27,7 +27,7 @@ from scalable_topics.controller.brokers import BrokerAdmin
 from scalable_topics.controller.cache import TopicCache
 from scalable_topics.controller.kube import Conflict, KubeApi
 from scalable_topics.controller.protocol import OperationExecutor
-from scalable_topics.controller.reconciler import TopicReconciler
+from scalable_topics.controller.reconciler import TopicReconciler, kube_events
 from scalable_topics.core.evaluator import Suppression
 from scalable_topics.core.jsontypes import JsonObj
 from scalable_topics.core.layout import SegmentLayout
@@ -100,11 +100,12 @@ async def world() -> AsyncIterator[World]:
     brokers = BrokerAdmin()
     cache = TopicCache(controller_url=lambda namespace, name: "http://controller")
     executor = OperationExecutor(kube, brokers, cache, events=_no_events)
-    reconciler = TopicReconciler(
+    reconciler = TopicReconciler.wired(
         kube,
         brokers,
         cache,
         executor,
+        events=kube_events(kube),
         leads=lambda namespace, name: True,
         controller_ref=lambda namespace, name: {},
         defaults=AutoScalePolicy(),
@@ -123,8 +124,12 @@ async def world() -> AsyncIterator[World]:
 
     scaler = AutoScaler(
         cache,
-        reconciler,
+        kube,
         executor,
+        locks=reconciler.locks,
+        policies=reconciler.policies,
+        plan=reconciler.requests.plan,
+        events=kube_events(kube),
         leads=leads,
         stream_consumers=stream_consumers,
         tick=0.01,
@@ -181,9 +186,8 @@ def put_topic(
                 },
             }
         )
-    world.reconciler.policies[(NAMESPACE, name)] = policy
-    world.reconciler.resolutions[(NAMESPACE, name)] = resolve_policy(
-        policy, None, world.reconciler.cluster
+    world.reconciler.policies.put(
+        (NAMESPACE, name), resolve_policy(policy, None, world.reconciler.cluster)
     )
 
 
@@ -365,7 +369,7 @@ async def test_an_evaluation_asked_for_under_the_lock_runs_once_after_release(
     world.scaler.start()
     await _until(lambda: world.evaluations == 1, "the first periodic evaluation")
 
-    lock = world.reconciler.lock(key)
+    lock = world.reconciler.locks(key)
     await lock.acquire()
     try:
         for _ in range(3):

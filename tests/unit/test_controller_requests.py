@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from scalable_topics.controller.reconciler import loose_request
+from scalable_topics.controller.requests import loose_request
 from scalable_topics.core.resources import (
     REQUEST_HISTORY,
     ResourceValidationError,

@@ -1,11 +1,12 @@
 """A Segment resource deleted while a reconcile pass runs is written again from the broker that
 holds the segment, never placed afresh (docs/correctness.md, "Lost status").
 
-The reconciler, executor and cache are the real objects and the two brokers are real in-process
-brokers; the Segment resources live in an in-memory stand-in of the API server, because the
-point is an interleaving the real one cannot be made to produce on purpose: the watch's DELETED
-event of a Segment handled while the pass awaits, after its listing saw the Segment (the
-integration test ``test_a_deleted_segment_resource_is_written_again_from_its_broker`` in
+The reconciler's Segments collaborator, the executor and the cache are the real objects and
+the two brokers are real in-process brokers; the Segment resources live in an in-memory
+stand-in of the API server, because the point is an interleaving the real one cannot be made
+to produce on purpose: the watch's DELETED event of a Segment handled while the pass awaits,
+after its listing saw the Segment (the integration test
+``test_a_deleted_segment_resource_is_written_again_from_its_broker`` in
 ``test_operator_lost_status.py`` hit it about one run in three).
 """
 
@@ -27,10 +28,9 @@ from scalable_topics.controller.brokers import BrokerAdmin
 from scalable_topics.controller.cache import TopicCache, recorded_broker
 from scalable_topics.controller.kube import KubeApi, NotFound
 from scalable_topics.controller.protocol import OperationExecutor
-from scalable_topics.controller.reconciler import TopicReconciler
+from scalable_topics.controller.segments import SegmentKeeper
 from scalable_topics.core.jsontypes import JsonObj
 from scalable_topics.core.layout import SegmentLayout
-from scalable_topics.core.policy import AutoScalePolicy
 from scalable_topics.core.resources import parse_topic_spec, segment_manifest, segment_name
 from scalable_topics.core.wire import Successor
 from segment_broker.testing import RunningBroker, running_broker
@@ -42,7 +42,7 @@ TOPIC = "gone"
 @dataclass
 class World:
     cache: TopicCache
-    reconciler: TopicReconciler
+    segments: SegmentKeeper
     admin: BrokerAdmin
     brokers: dict[str, RunningBroker]
     topic: JsonObj
@@ -133,21 +133,13 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
             holder[0].events.append((reason, message))
 
         executor = OperationExecutor(kube, admin, cache, events=events)
-        reconciler = TopicReconciler(
-            kube,
-            admin,
-            cache,
-            executor,
-            leads=lambda namespace, name: True,
-            controller_ref=lambda namespace, name: {},
-            defaults=AutoScalePolicy(),
-        )
+        segments = SegmentKeeper(kube, admin, cache, executor, events=events)
         layout = SegmentLayout.initial(2).split(1)
         topic: JsonObj = {
             "metadata": {"namespace": NAMESPACE, "name": TOPIC, "uid": "topic-uid"},
             "spec": {"initialSegments": 2},
         }
-        world = World(cache, reconciler, admin, brokers, topic, layout)
+        world = World(cache, segments, admin, brokers, topic, layout)
         holder.append(world)
         _in_memory_segments(kube, holder)
         broker = admin.at(first.url)
@@ -193,7 +185,7 @@ async def _passes(world: World, count: int) -> None:
     """``count`` passes over the topic's Segments (the deletions queue one pass each)."""
     spec = parse_topic_spec(world.topic.get("spec"))
     for _ in range(count):
-        await world.reconciler._ensure_segments(world.topic, world.layout, spec)
+        await world.segments.ensure(world.topic, world.layout, spec)
 
 
 def _recovered(world: World) -> list[str]:

@@ -49,7 +49,7 @@ from .kube import KubeApi
 from .leadership import ShardLeadership
 from .leases import ElectionTimings
 from .protocol import OperationExecutor
-from .reconciler import TopicReconciler
+from .reconciler import TopicReconciler, kube_events
 from .sessions import make_app
 from .status import TopicGone, update_topic_status
 from .workqueue import WorkQueue
@@ -149,8 +149,8 @@ class Controller:
             controller_url=self.leadership.leader_url,
             broker_port=s.broker_port,
             broker_scheme=s.broker_scheme,
+            on_broker_change=self._brokers_changed,
         )
-        self.cache.on_broker_change = self._brokers_changed
         metrics.OPERATIONS_IN_PROGRESS.source = self._operations_in_progress
         self.brokers = BrokerAdmin(
             token=s.broker_token, token_file=s.broker_token_file, ca_file=s.tls_ca_file
@@ -169,41 +169,48 @@ class Controller:
             events=self._event,
             on_layout=self._layout_changed,
         )
-        self.reconciler = TopicReconciler(
+        self.queue: WorkQueue[Key] = WorkQueue(self._reconcile, workers=s.workers, name="topics")
+        self.reconciler = TopicReconciler.wired(
             kube,
             self.brokers,
             self.cache,
             self.executor,
+            events=self._event,
             leads=self.leadership.leads,
             controller_ref=self._controller_ref,
             defaults=s.defaults,
+            on_deleted=self.hub.forget_topic,
+            # The hub serves a topic's consumers once told about it: on gaining the shard, and
+            # after every reconcile (new topics, spec changes of subscriptions or grace period).
+            on_reconciled=self._restore_consumers,
+            # Drains the leader sees in broker stats ungate children even when the consumer
+            # that drained the segment never reported it (it crashed first).
+            on_drained=self.hub.segment_drained,
+            requeue_after=self.queue.add_after,
+            shed_policy=s.shedding,
         )
-        self.reconciler.on_deleted = self.hub.forget_topic
-        self.reconciler.transfers.shed_policy = s.shedding
-        # The hub serves a topic's consumers once told about it: on gaining the shard, and
-        # after every reconcile (new topics, spec changes of subscriptions or grace period).
-        self.reconciler.on_reconciled = self._restore_consumers
-        # Drains the leader sees in broker stats ungate children even when the consumer that
-        # drained the segment never reported it (it crashed first).
-        self.reconciler.on_drained = self.hub.segment_drained
-        self.queue: WorkQueue[Key] = WorkQueue(
-            self.reconciler.reconcile, workers=s.workers, name="topics"
-        )
-        self.reconciler.on_requeue_after = self.queue.add_after
         self.cluster_defaults = ClusterDefaultsWatch(
             kube, s.namespace, on_change=self._cluster_defaults_changed, events=self._event
         )
         self.autoscaler = AutoScaler(
             self.cache,
-            self.reconciler,
+            kube,
             self.executor,
+            locks=self.reconciler.locks,
+            policies=self.reconciler.policies,
+            plan=self.reconciler.requests.plan,
+            events=self._event,
             leads=self.leadership.leads,
             stream_consumers=self.hub.stream_consumer_counts,
             recommendation_freshness=s.recommendation_freshness,
         )
 
     async def _event(self, topic: JsonObj, type_: str, reason: str, message: str) -> None:
-        await self.reconciler.event(topic, type_, reason, message)
+        assert self.kube is not None
+        await kube_events(self.kube)(topic, type_, reason, message)
+
+    async def _reconcile(self, key: Key) -> None:
+        await self.reconciler.reconcile(key)
 
     def _cluster_defaults_changed(self, cluster: ClusterDefaults) -> None:
         """The cluster level changed: every topic this replica leads is resolved again (and

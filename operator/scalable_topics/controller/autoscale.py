@@ -36,9 +36,11 @@ from .autoscalestatus import (
     suppression_message,
 )
 from .cache import TopicCache, layout_of
-from .protocol import OperationExecutor, OperationRejected
-from .reconciler import TopicReconciler
+from .kube import KubeApi
+from .protocol import EventSink, OperationExecutor, OperationRejected
+from .requests import Planner
 from .status import TopicGone, update_topic_status
+from .topics import ResolvedPolicies, TopicLocks
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +79,13 @@ class AutoScaler:
     def __init__(
         self,
         cache: TopicCache,
-        reconciler: TopicReconciler,
+        kube: KubeApi,
         executor: OperationExecutor,
         *,
+        locks: TopicLocks,
+        policies: ResolvedPolicies,
+        plan: Planner,
+        events: EventSink,
         leads: Callable[[str, str], bool],
         stream_consumers: Callable[[str, str], dict[str, int]],
         recommendation_freshness: float = 1200.0,
@@ -87,8 +93,13 @@ class AutoScaler:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.cache = cache
-        self.reconciler = reconciler
+        self.kube = kube
         self.executor = executor
+        self.locks = locks
+        self.policies = policies
+        """Each topic's resolved policy, written by its reconcile pass."""
+        self.plan = plan
+        self.events = events
         self.leads = leads
         self.stream_consumers = stream_consumers
         self.freshness = recommendation_freshness
@@ -130,12 +141,12 @@ class AutoScaler:
             now = self.clock()
             keys = set(self._triggered)
             self._triggered.clear()
-            for key, policy in list(self.reconciler.policies.items()):
+            for key, resolution in self.policies.items():
                 if key not in self.cache.topics:
-                    self.reconciler.policies.pop(key, None)
+                    self.policies.drop(key)
                     continue
                 if now >= self._due.get(key, 0.0):
-                    self._due[key] = now + policy.evaluation_interval
+                    self._due[key] = now + resolution.policy.evaluation_interval
                     keys.add(key)
             for key in keys:
                 task = asyncio.create_task(self.evaluate(key), name=f"autoscale-{key[0]}/{key[1]}")
@@ -167,7 +178,7 @@ class AutoScaler:
         namespace, name = key
         if not self.leads(namespace, name):
             return None
-        lock = self.reconciler.lock(key)
+        lock = self.locks(key)
         if lock.locked():
             self._defer(key, lock)
             return None
@@ -196,7 +207,7 @@ class AutoScaler:
     async def _evaluate(self, namespace: str, name: str) -> str | None:
         key = (namespace, name)
         topic = self.cache.topics.get(key)
-        resolution = self.reconciler.resolutions.get(key)
+        resolution = self.policies.get(key)
         if topic is None or resolution is None:
             return None
         policy = resolution.policy
@@ -289,7 +300,7 @@ class AutoScaler:
             if self._recommended.get(key) != signature:
                 # One event per distinct recommendation, not one per evaluation.
                 self._recommended[key] = signature
-                await self.reconciler.event(
+                await self.events(
                     topic,
                     "Normal",
                     "ScalingRecommended",
@@ -303,7 +314,7 @@ class AutoScaler:
                 )
             return None
         self._recommended.pop(key, None)
-        operation = self.reconciler.plan(
+        operation = self.plan(
             topic, layout, op, segments, at, source=source, reason=detail, buckets=n
         )
         counter = {
@@ -315,14 +326,14 @@ class AutoScaler:
         # the new layout sees the decision that made it.
         decided.update(executed=True, operation=operation.id)
         await self._record(topic, Outcome(ACTED, (), f"{op} {segments} ({source})"), now, decided)
-        await self.reconciler.event(
+        await self.events(
             topic,
             "Normal",
             "ScalingDecided",
             f"{op} {segments} ({source}: {detail}); starting operation {operation.id}",
         )
         try:
-            fresh = await self.reconciler.kube.get_topic(namespace, name)
+            fresh = await self.kube.get_topic(namespace, name)
             if fresh is None:
                 return None
             await self.executor.start(fresh, operation)
@@ -364,7 +375,7 @@ class AutoScaler:
 
         try:
             written = await update_topic_status(
-                self.reconciler.kube,
+                self.kube,
                 meta["namespace"],
                 meta["name"],
                 change,

@@ -90,6 +90,7 @@ class TopicCache:
         controller_url: Callable[[str, str], str],
         broker_port: int = 8080,
         broker_scheme: str = "http",
+        on_broker_change: Callable[[], None] | None = None,
     ) -> None:
         self._controller_url = controller_url
         self.broker_port = broker_port
@@ -99,7 +100,8 @@ class TopicCache:
         self.brokers: dict[str, BrokerPod] = {}
         self._changed: dict[Key, asyncio.Event] = defaultdict(asyncio.Event)
         self._fingerprints: dict[Key, Any] = {}
-        self.on_broker_change: Callable[[], None] | None = None
+        self.on_broker_change = on_broker_change
+        """Called when a broker pod appears, goes, moves or changes readiness."""
         self._placed: dict[tuple[str, str, int], str] = {}
         """(namespace, topic, segment id) → broker pod of every segment that is not Sealed."""
         self._load: Counter[str] = Counter()

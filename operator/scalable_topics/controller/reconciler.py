@@ -7,31 +7,24 @@ interrupted anywhere (crash, lost Lease) and simply run again.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from ..brokeradmin import AdminError
-from ..core.buckets import initial_layout_buckets, layout_buckets
 from ..core.jsontypes import JsonObj
-from ..core.layout import SegmentInfo, SegmentLayout
-from ..core.operation import Operation, plan_merge, plan_rebucket, plan_split
+from ..core.layout import SegmentLayout
+from ..core.operation import Operation
 from ..core.policy import (
     AutoScalePolicy,
     ClusterDefaults,
     PolicyError,
     Resolution,
-    format_duration,
     resolve_policy,
 )
 from ..core.rebuild import (
-    one_report_each,
-    orphans,
     rebuild_layout,
     record_from_segment,
     request_after_rebuild,
@@ -42,37 +35,29 @@ from ..core.resources import (
     ANNOTATION_REQUEST,
     ConditionType,
     ControllerRef,
-    LastRequest,
     Reason,
     ResourceValidationError,
     ScalableTopicSpec,
     ScalableTopicStatus,
     format_time,
-    parse_manual_request,
-    parse_time,
     parse_topic_spec,
-    segment_name,
     topic_name_problem,
 )
-from ..core.retention import RetentionRule, SegmentDrains, drains_from_stats, next_expiry, prunable
 from ..core.topicstatus import (
-    find_handled,
-    layout_from,
     not_ready,
     read_status,
     reconciled,
-    reject_request,
-    remember_request,
-    report_handled,
     with_layout,
     with_policy,
 )
+from ..core.transfer import ShedPolicy
 from . import metrics
 from .brokers import BrokerAdmin
-from .cache import TopicCache, layout_of, recorded_broker
+from .cache import TopicCache, layout_of
 from .corruption import corrupted_segments
 from .kube import KubeApi
-from .protocol import NoBrokerAvailable, OperationExecutor, OperationRejected
+from .protocol import EventSink, NoBrokerAvailable, OperationExecutor
+from .requests import RequestHandler
 from .restore import (
     BrokersUnanswered,
     adopt,
@@ -80,8 +65,11 @@ from .restore import (
     record_epoch,
     write_missing_segments,
 )
+from .retention import RetentionKeeper
+from .segments import SegmentKeeper, SegmentsUnavailable
 from .status import TopicGone, change_topic_status, put_layout, update_topic_status
-from .transfer import MoveRejected, TransferExecutor
+from .topics import ResolvedPolicies, TopicLocks
+from .transfer import TransferExecutor
 
 log = logging.getLogger(__name__)
 
@@ -91,27 +79,26 @@ POLICY_ANNOTATION = ANNOTATION_AUTOSCALE_POLICY
 Key = tuple[str, str]
 
 
-STATS_CONCURRENCY = 8
-"""Broker stats calls one reconcile pass makes at once (drain and retention checks)."""
+COMPONENT = "scalable-topics-operator"
 
 
-class SegmentsUnavailable(Exception):
-    def __init__(self, segments: list[int], detail: str) -> None:
-        super().__init__(f"segments {segments} are not on a broker yet: {detail}")
-        self.segments = segments
+def kube_events(kube: KubeApi) -> EventSink:
+    """The events sink of the controller's parts: Kubernetes Events on the topic."""
 
+    async def post(topic: JsonObj, type_: str, reason: str, message: str) -> None:
+        await kube.post_event(
+            topic, type_=type_, reason=reason, message=message, component=COMPONENT
+        )
 
-@dataclass(frozen=True)
-class _Observed:
-    """The last broker stats of a sealed segment: ``round`` is the stats round they were read
-    in, ``drains`` is ``None`` when the broker could not say (unreachable, or no such segment).
-    A sealed segment's drains only grow, so a fully drained observation is kept for good."""
-
-    round: int
-    drains: SegmentDrains | None
+    return post
 
 
 class TopicReconciler:
+    """One pass over a topic at a time (``reconcile``): reads it, decides, and does what is
+    missing through its collaborators (Segments, retention, manual requests, transfers, the
+    operation protocol); every status change is a ``core.topicstatus`` function applied in a
+    compare-and-swap (``status.change_topic_status``). Build one with :meth:`wired`."""
+
     def __init__(
         self,
         kube: KubeApi,
@@ -119,64 +106,115 @@ class TopicReconciler:
         cache: TopicCache,
         executor: OperationExecutor,
         *,
+        segments: SegmentKeeper,
+        retention: RetentionKeeper,
+        requests: RequestHandler,
+        transfers: TransferExecutor,
+        locks: TopicLocks,
+        policies: ResolvedPolicies,
+        events: EventSink,
         leads: Callable[[str, str], bool],
         controller_ref: Callable[[str, str], dict[str, Any]],
         defaults: AutoScalePolicy,
+        on_deleted: Callable[[str, str], None] | None = None,
+        on_reconciled: Callable[[str, str, JsonObj], None] | None = None,
+        requeue_after: Callable[[Key, float], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.kube = kube
         self.brokers = brokers
         self.cache = cache
         self.executor = executor
+        self.segments = segments
+        self.retention = retention
+        self.requests = requests
+        self.transfers = transfers
+        self.locks = locks
+        self.policies = policies
+        """The effective policy of each topic with every knob's source (``status.autoScale``),
+        which the auto-scaler reads."""
+        self.events = events
         self.leads = leads
         self.controller_ref = controller_ref
         self.defaults = defaults
+        self.on_deleted = on_deleted
+        """Called with (namespace, topic) once a topic is gone: the consumer hub forgets it."""
+        self.on_reconciled = on_reconciled
+        """Called with (namespace, topic, object) after each pass: the consumer hub serves it."""
+        self.requeue_after = requeue_after
+        """Asks for another pass of a topic in that many seconds (a retention deadline)."""
         self.clock = clock
-        self.policies: dict[Key, AutoScalePolicy] = {}
-        self.resolutions: dict[Key, Resolution] = {}
-        """The effective policy of each topic with every knob's source (``status.autoScale``)."""
         self.cluster = ClusterDefaults()
         """The cluster-wide level (the ConfigMap the operator watches, ``clusterdefaults``)."""
         self._policy_state: dict[Key, tuple[Resolution | None, str | None]] = {}
         """This pass's resolution and policy problem, for ``status.autoScale``."""
-        self._locks: dict[Key, asyncio.Lock] = {}
-        self.on_deleted: Callable[[str, str], None] | None = None
-        self.on_reconciled: Callable[[str, str, JsonObj], None] | None = None
-        self.on_drained: Callable[[str, str, str, int], None] | None = None
-        """Called with (namespace, topic, subscription, segment id) for a drain seen in broker
-        stats: the consumer hub's ``segment_drained``."""
-        self.on_requeue_after: Callable[[Key, float], None] | None = None
-        """Asks for another pass of a topic in that many seconds (a retention deadline)."""
-        self.stats_round = 0
-        self._observed: dict[Key, dict[int, _Observed]] = {}
-        self._leftovers: dict[Key, list[int]] = {}
-        self._unknown: dict[Key, tuple[int, ...]] = {}
-        """Segments outside the layout that it never handed out (kept), as last logged."""
-        self.transfers = TransferExecutor(
-            kube, brokers, cache, events=self.event, requeue=lambda: self.on_requeue_after
+
+    @classmethod
+    def wired(
+        cls,
+        kube: KubeApi,
+        brokers: BrokerAdmin,
+        cache: TopicCache,
+        executor: OperationExecutor,
+        *,
+        events: EventSink,
+        leads: Callable[[str, str], bool],
+        controller_ref: Callable[[str, str], dict[str, Any]],
+        defaults: AutoScalePolicy,
+        locks: TopicLocks | None = None,
+        policies: ResolvedPolicies | None = None,
+        on_deleted: Callable[[str, str], None] | None = None,
+        on_reconciled: Callable[[str, str, JsonObj], None] | None = None,
+        on_drained: Callable[[str, str, str, int], None] | None = None,
+        requeue_after: Callable[[Key, float], None] | None = None,
+        shed_policy: ShedPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> TopicReconciler:
+        """A reconciler with its collaborators built for it. ``on_drained`` gets (namespace,
+        topic, subscription, segment id) for a drain seen in broker stats (the consumer hub's
+        ``segment_drained``); ``shed_policy`` is the transfers' load shedding."""
+        transfers = TransferExecutor(
+            kube, brokers, cache, events=events, requeue=lambda: requeue_after, clock=clock
+        )
+        if shed_policy is not None:
+            transfers.shed_policy = shed_policy
+        segments = SegmentKeeper(kube, brokers, cache, executor, events=events, clock=clock)
+        return cls(
+            kube,
+            brokers,
+            cache,
+            executor,
+            segments=segments,
+            retention=RetentionKeeper(
+                kube, brokers, cache, segments, events=events, on_drained=on_drained, clock=clock
+            ),
+            requests=RequestHandler(
+                kube, cache, executor, transfers, segments, events=events, clock=clock
+            ),
+            transfers=transfers,
+            locks=locks or TopicLocks(),
+            policies=policies or ResolvedPolicies(),
+            events=events,
+            leads=leads,
+            controller_ref=controller_ref,
+            defaults=defaults,
+            on_deleted=on_deleted,
+            on_reconciled=on_reconciled,
+            requeue_after=requeue_after,
+            clock=clock,
         )
 
     def new_stats_round(self) -> None:
-        """Start a stats round (the resync loop calls it once per resync interval): a sealed
-        segment's broker is asked for its stats at most once per round."""
-        self.stats_round += 1
+        """Start a stats round (the resync loop calls it once per resync interval)."""
+        self.retention.new_stats_round()
 
     def forget(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
         metrics.forget_topic(namespace, name)
-        self._observed.pop((namespace, name), None)
-        self._leftovers.pop((namespace, name), None)
-        self._unknown.pop((namespace, name), None)
-        self._policy_state.pop((namespace, name), None)
-        self.resolutions.pop((namespace, name), None)
-
-    def lock(self, key: Key) -> asyncio.Lock:
-        """Held by whoever mutates the topic (a reconcile pass or an auto-scale operation)."""
-        return self._locks.setdefault(key, asyncio.Lock())
-
-    async def event(self, topic: JsonObj, type_: str, reason: str, message: str) -> None:
-        await self.kube.post_event(
-            topic, type_=type_, reason=reason, message=message, component="scalable-topics-operator"
-        )
+        self.segments.forget(key)
+        self.retention.forget(key)
+        self._policy_state.pop(key, None)
+        self.policies.drop(key)
 
     async def namespace_policy(self, namespace: str) -> str | None:
         """The text of the namespace's policy annotation (``None`` without one)."""
@@ -209,7 +247,7 @@ class TopicReconciler:
             return
         started = time.perf_counter()
         try:
-            async with self.lock(key):
+            async with self.locks(key):
                 await self._reconcile(namespace, name)
             metrics.RECONCILES.labels("ok").inc()
         except TopicGone:
@@ -308,14 +346,14 @@ class TopicReconciler:
         topic = await self.transfers.shed(topic)
 
         try:
-            await self._ensure_segments(topic, layout, spec, recover=not fresh)
+            await self.segments.ensure(topic, layout, spec, recover=not fresh)
         except (NoBrokerAvailable, SegmentsUnavailable) as exc:
             await self._not_ready(topic, Reason.BROKERS_UNAVAILABLE, str(exc))
             raise
 
-        topic = await self._manual_request(topic, layout)
+        topic = await self.requests.handle(topic, layout, spec)
         layout = layout_of(topic) or layout
-        topic, layout, look_again = await self._retain(topic, layout, spec)
+        topic, layout, look_again = await self.retention.retain(topic, layout, spec)
         problem = corrupted_segments(self.cache.segments.get((namespace, name), {}).values()) or (
             problem
         )
@@ -325,18 +363,13 @@ class TopicReconciler:
         if problem and (
             not previous or previous.reason != problem[0] or previous.message != problem[1]
         ):
-            await self.event(topic, "Warning", problem[0], problem[1])
+            await self.events(topic, "Warning", problem[0], problem[1])
         self.cache.put_topic(topic)
-        if resolution is None:
-            self.policies.pop((namespace, name), None)
-            self.resolutions.pop((namespace, name), None)
-        else:
-            self.policies[(namespace, name)] = resolution.policy
-            self.resolutions[(namespace, name)] = resolution
+        self.policies.put((namespace, name), resolution)
         if self.on_reconciled:
             self.on_reconciled(namespace, name, topic)
-        if look_again is not None and self.on_requeue_after is not None:
-            self.on_requeue_after((namespace, name), look_again)
+        if look_again is not None and self.requeue_after is not None:
+            self.requeue_after((namespace, name), look_again)
 
     # -- pieces --------------------------------------------------------------------------------
 
@@ -448,7 +481,7 @@ class TopicReconciler:
         if unrun:
             message += f"; request {unrun[0]} is not run again (whether it ran is unknown)"
         log.warning("%s/%s: %s", ns, name, message)
-        await self.event(topic, "Warning", "LayoutRebuilt", message)
+        await self.events(topic, "Warning", "LayoutRebuilt", message)
         return topic, written
 
     async def _initialize(
@@ -463,555 +496,10 @@ class TopicReconciler:
         topic = await change_topic_status(
             self.kube, meta["namespace"], meta["name"], change, topic=topic
         )
-        await self.event(
+        await self.events(
             topic, "Normal", "Created", f"created {len(layout.active())} segment(s) at epoch 0"
         )
         return topic, layout_of(topic) or layout
-
-    def _buckets(
-        self, topic: JsonObj, layout: SegmentLayout, spec: ScalableTopicSpec
-    ) -> dict[int, int]:
-        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
-        known = self.cache.segment_buckets(ns, name)
-        roots = {s.segment_id for s in layout.segments.values() if not s.parent_ids}
-        if not all(r in known for r in roots):
-            initial = SegmentLayout.initial(spec.initial_segments)
-            known = {**initial_layout_buckets(initial, spec.entry_buckets), **known}
-        try:
-            return layout_buckets(layout, known)
-        except ValueError:
-            return {sid: known.get(sid, 1) for sid in layout.segments}
-
-    async def _ensure_segments(
-        self,
-        topic: JsonObj,
-        layout: SegmentLayout,
-        spec: ScalableTopicSpec,
-        *,
-        recover: bool = True,
-    ) -> None:
-        """Every segment of the layout exists where it should (Active on its broker, with the
-        spec's subscriptions) or is marked Sealed; segments no longer in the DAG are deleted
-        from their brokers and then as resources. A segment of the layout whose Segment is gone
-        is looked for on the brokers first (``recover``; not for a topic just created, which has
-        nothing anywhere), so that it is never placed afresh, empty, away from its data."""
-        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
-        subscriptions = sorted((s.name, s.type.value) for s in spec.subscriptions)
-        wanted = {s for s, _ in subscriptions}
-        looked: set[int] = set()
-        """Segments this pass already looked for on the brokers (not placed afresh again)."""
-        if any(sid not in self._segments_of(ns, name) for sid in layout.segments):
-            for body in await self.kube.list_segments(ns, name):
-                self.cache.put_segment(body)
-            existing = self._segments_of(ns, name)
-            missing = [sid for sid in sorted(layout.segments) if sid not in existing]
-            if missing and recover:
-                await self._recover_segments(topic, layout, missing)
-            looked.update(missing)
-        # After the listing: once roots were pruned, bucket counts come from the Segments.
-        buckets = self._buckets(topic, layout, spec)
-        pending: list[int] = []
-        failures: list[str] = []
-        for info in layout.segments.values():
-            # The cache as it is now, not as listed: the watch drops a Segment deleted while
-            # this pass awaited (after the listing saw it), and that one is looked for on the
-            # brokers first too, never placed afresh (empty, perhaps elsewhere).
-            seg = self._segments_of(ns, name).get(info.segment_id)
-            if seg is None and recover and info.segment_id not in looked:
-                looked.add(info.segment_id)
-                await self._recover_segments(topic, layout, [info.segment_id])
-                seg = self._segments_of(ns, name).get(info.segment_id)
-            if seg is None and recover and info.active:
-                log.warning(
-                    "%s/%s: segment %d of the layout has no Segment and no broker holds it: "
-                    "placing it afresh",
-                    ns,
-                    name,
-                    info.segment_id,
-                )
-            status = (seg or {}).get("status") or {}
-            state = status.get("state")
-            recorded = status.get("broker") or {}
-            pod = self.cache.brokers.get(str(recorded.get("pod")))
-            # Unknown pod, or its URL moved (a re-created pod may get a new IP): re-record it.
-            broker_current = pod is not None and pod.url == recorded.get("url")
-            if info.active:
-                if seg is None or state != "Active" or not broker_current:
-                    try:
-                        await self.executor.ensure_segment(
-                            topic,
-                            info.segment_id,
-                            info.hash_range,
-                            list(info.parent_ids),
-                            buckets.get(info.segment_id, 1),
-                            subscriptions,
-                            state="Active",
-                        )
-                    except AdminError as exc:
-                        pending.append(info.segment_id)
-                        failures.append(str(exc))
-                        continue
-                elif set(status.get("subscriptions") or []) != wanted:
-                    await self._sync_subscriptions(topic, info.segment_id, status, subscriptions)
-            elif seg is not None and state != "Sealed":
-                updated = await self.kube.patch_segment_status(
-                    ns,
-                    segment_name(name, info.segment_id),
-                    {"state": "Sealed", "sealedAt": format_time(self.clock())},
-                )
-                self.cache.put_segment(updated)
-            current = self.cache.segments.get((ns, name), {}).get(info.segment_id)
-            if current is not None:
-                await self._record_epochs(ns, name, info, current)
-        if failures:
-            raise SegmentsUnavailable(pending, "; ".join(failures))
-        await self._remove_orphans(topic, layout)
-
-    def _segments_of(self, ns: str, name: str) -> Mapping[int, JsonObj]:
-        return self.cache.segments.get((ns, name), {})
-
-    async def _recover_segments(
-        self, topic: JsonObj, layout: SegmentLayout, missing: list[int]
-    ) -> None:
-        """Write the Segment of each segment in ``missing`` that a broker still holds, naming
-        that broker. Raises ``SegmentsUnavailable`` while a broker does not answer (it may hold
-        one of them) or when two brokers hold the same segment."""
-        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
-        segments = list(self.cache.segments.get((ns, name), {}).values())
-        try:
-            reports = await broker_reports(self.brokers, self.cache, ns, name, segments)
-        except BrokersUnanswered as exc:
-            raise SegmentsUnavailable(missing, str(exc)) from None
-        problems: list[str] = []
-        found = one_report_each((r for r in reports if r.segment_id in missing), problems)
-        if problems:
-            raise SegmentsUnavailable(
-                missing, "; ".join(problems) + ": delete the copy that is not wanted"
-            )
-        if not found:
-            return
-        await write_missing_segments(self.kube, self.cache, topic, layout, found)
-        where = ", ".join(f"#{sid} on {r.pod}" for sid, r in sorted(found.items()))
-        await self.event(
-            topic,
-            "Warning",
-            "SegmentsRecovered",
-            f"Segments written again from their brokers: {where}",
-        )
-
-    async def _record_epochs(self, ns: str, name: str, info: SegmentInfo, seg: JsonObj) -> None:
-        """Keep the layout's epochs of the segment on its Segment: a lost layout is rebuilt from
-        the Segments, with an epoch above every recorded one (``core.rebuild``)."""
-        status = seg.get("status") or {}
-        wanted = {
-            "createdAtEpoch": info.created_at_epoch,
-            "sealedAtEpoch": info.sealed_at_epoch or None,
-        }
-        if all(status.get(k) == v for k, v in wanted.items()):
-            return
-        updated = await self.kube.patch_segment_status(
-            ns, segment_name(name, info.segment_id), wanted
-        )
-        self.cache.put_segment(updated)
-
-    async def _remove_orphans(self, topic: JsonObj, layout: SegmentLayout) -> None:
-        """Delete the segments the DAG had and pruned (``core.rebuild.orphans``: an id below
-        ``nextSegmentId`` that is no longer in the layout): on their broker first, then the
-        Segment resource, which is the record of where the data lives until the broker has let
-        go of it. A segment whose broker pod is away is kept (``Reconciling`` says so) and
-        retried on a later pass. Children of an operation in flight are not in the DAG yet and
-        are left alone; so is every segment the layout never handed out (a layout that is
-        missing, fresh or rebuilt never makes anything an orphan to delete)."""
-        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
-        operation = (topic.get("status") or {}).get("operation") or {}
-        in_flight = {int(c["id"]) for c in operation.get("children") or [] if "id" in c}
-        segments = self.cache.segments.get((ns, name), {})
-        verdict = orphans(layout, segments, in_flight)
-        if verdict.keep and self._unknown.get((ns, name)) != verdict.keep:
-            log.warning(
-                "%s/%s: segments %s are not in the layout and its nextSegmentId %d never handed "
-                "them out: kept with their data, not deleted",
-                ns,
-                name,
-                list(verdict.keep),
-                layout.next_segment_id,
-            )
-        self._unknown[(ns, name)] = verdict.keep
-        leftovers: list[int] = []
-        for sid in verdict.remove:
-            seg = segments[sid]
-            url = self.cache.broker_url_of(seg)
-            if recorded_broker(seg) and not url:
-                leftovers.append(sid)
-                continue
-            if url:
-                try:
-                    await self.brokers.at(url).delete_segment(ns, name, sid)
-                except AdminError as exc:
-                    log.warning(
-                        "%s/%s: segment %d not deleted from its broker: %s", ns, name, sid, exc
-                    )
-                    leftovers.append(sid)
-                    continue
-            await self.kube.delete_segment(ns, segment_name(name, sid))
-            self.cache.drop_segment(seg)
-        if leftovers:
-            self._leftovers[(ns, name)] = leftovers
-        else:
-            self._leftovers.pop((ns, name), None)
-
-    async def _sync_subscriptions(
-        self,
-        topic: JsonObj,
-        segment_id: int,
-        status: Mapping[str, Any],
-        subscriptions: list[tuple[str, str]],
-    ) -> None:
-        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
-        url = (status.get("broker") or {}).get("url")
-        if not url:
-            return
-        have = set(status.get("subscriptions") or [])
-        wanted = dict(subscriptions)
-        for sub, type_ in subscriptions:
-            if sub not in have:
-                await self.brokers.at(url).create_subscription(ns, name, segment_id, sub, type_)
-        for sub in have - set(wanted):
-            await self.brokers.at(url).delete_subscription(ns, name, segment_id, sub)
-        updated = await self.kube.patch_segment_status(
-            ns, segment_name(name, segment_id), {"subscriptions": sorted(wanted)}
-        )
-        self.cache.put_segment(updated)
-
-    # -- retention and controller-observed drains ---------------------------------------------
-
-    async def _retain(
-        self, topic: JsonObj, layout: SegmentLayout, spec: ScalableTopicSpec
-    ) -> tuple[JsonObj, SegmentLayout, float | None]:
-        """Feed drains seen in broker stats to the consumer hub, and prune the sealed segments
-        retention lets go (``core.retention``; docs/operator.md, "Retention and drains").
-
-        Returns the topic, its layout and, when a segment reaches its retention time later, in
-        how many seconds to look again. Broker stats are read only for sealed segments not known
-        to be fully drained, only when a subscription still waits for the drain or the
-        retention time has passed, and at most once per stats round (``new_stats_round``).
-        """
-        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
-        key = (ns, name)
-        observed = self._observed.setdefault(key, {})
-        for sid in [s for s in observed if s not in layout.segments]:
-            del observed[sid]
-        sealed = sorted(
-            (s for s in layout.segments.values() if not s.active),
-            key=lambda s: (s.created_at_epoch, s.segment_id),
-        )
-        status = topic.get("status") or {}
-        if not sealed or status.get("operation"):
-            return topic, layout, None
-        retention = spec.retention.rule() if spec.retention is not None else None
-        now = self.clock()
-        waiting = _hub_drained(status, spec)
-        sealed_at = self._sealed_at(key, sealed)
-        check = self._to_check(key, layout, sealed, sealed_at, waiting, retention, now)
-        if check:
-            await self._check(topic, check, set(waiting))
-            sealed_at = self._sealed_at(key, sealed)
-        if self.on_drained is not None:
-            for info in sealed:
-                seen = observed.get(info.segment_id)
-                if seen is None or seen.drains is None:
-                    continue
-                for sub, done in waiting.items():
-                    if sub in seen.drains.drained and info.segment_id not in done:
-                        self.on_drained(ns, name, sub, info.segment_id)
-        drained = {
-            sid for sid, o in observed.items() if o.drains is not None and o.drains.fully_drained
-        }
-        sizes = {sid: o.drains.size for sid, o in observed.items() if o.drains is not None}
-        if prunable(layout, sealed_at, drained, retention, now, sizes):
-            topic, layout = await self._prune(topic, layout, sealed_at, drained, retention, sizes)
-        deadline = next_expiry(layout, sealed_at, retention, now)
-        return topic, layout, None if deadline is None else deadline - now + 0.1
-
-    def _sealed_at(self, key: Key, sealed: list[SegmentInfo]) -> dict[int, float]:
-        """When each sealed segment was sealed: its Segment's ``status.sealedAt`` (written by the
-        leader once the layout that seals it is committed, so never early), else the seal time
-        its broker reported."""
-        segments = self.cache.segments.get(key, {})
-        observed = self._observed.get(key, {})
-        found: dict[int, float] = {}
-        for info in sealed:
-            raw = ((segments.get(info.segment_id) or {}).get("status") or {}).get("sealedAt")
-            try:
-                found[info.segment_id] = parse_time(str(raw))
-                continue
-            except ValueError:
-                pass
-            seen = observed.get(info.segment_id)
-            if seen is not None and seen.drains is not None and seen.drains.sealed_at is not None:
-                found[info.segment_id] = seen.drains.sealed_at
-        return found
-
-    def _to_check(
-        self,
-        key: Key,
-        layout: SegmentLayout,
-        sealed: list[SegmentInfo],
-        sealed_at: Mapping[int, float],
-        waiting: Mapping[str, set[int]],
-        retention: RetentionRule | None,
-        now: float,
-    ) -> list[int]:
-        """The sealed segments (``sealed`` is parents first) whose broker is asked for stats in
-        this pass: not known to be fully drained, not asked yet in this stats round, and either a
-        subscription still waits for its drain, or retention may prune it once it is
-        drained (its time has passed or a size limit is set, and no parent stays behind)."""
-        observed = self._observed.get(key, {})
-        settled = {
-            sid for sid, o in observed.items() if o.drains is not None and o.drains.fully_drained
-        }
-        chosen: list[int] = []
-        for info in sealed:
-            sid = info.segment_id
-            seen = observed.get(sid)
-            if sid in settled or (seen is not None and seen.round >= self.stats_round):
-                continue
-            known = seen.drains.drained if seen is not None and seen.drains is not None else ()
-            feed = any(sid not in done and sub not in known for sub, done in waiting.items())
-            due = retention is not None and (
-                retention.size is not None
-                or (
-                    retention.time is not None
-                    and sid in sealed_at
-                    and now >= sealed_at[sid] + retention.time
-                )
-            )
-            parents_may_go = all(
-                p not in layout.segments or p in settled or p in chosen for p in info.parent_ids
-            )
-            if feed or (due and parents_may_go):
-                chosen.append(sid)
-        return chosen
-
-    async def _check(self, topic: JsonObj, segment_ids: list[int], streams: set[str]) -> None:
-        """Read the stats of ``segment_ids`` from their brokers (a few at a time) and remember
-        them for this round; a broker that cannot answer leaves what was known before."""
-        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
-        observed = self._observed.setdefault((ns, name), {})
-        segments = self.cache.segments.get((ns, name), {})
-        limit = asyncio.Semaphore(STATS_CONCURRENCY)
-
-        async def one(sid: int) -> None:
-            seg = segments.get(sid)
-            url = self.cache.broker_url_of(seg) if seg is not None else ""
-            previous = observed.get(sid)
-            drains: SegmentDrains | None = None
-            if not url:
-                outcome = "no-broker"
-            else:
-                async with limit:
-                    try:
-                        stats = await self.brokers.at(url).find_stats(ns, name, sid)
-                    except AdminError as exc:
-                        log.info("%s/%s: stats of segment %d: %s", ns, name, sid, exc)
-                        stats, outcome = None, "error"
-                    else:
-                        outcome = "ok" if stats else "missing"
-                if stats:
-                    drains = drains_from_stats(stats)
-            metrics.DRAIN_CHECKS.labels(outcome).inc()
-            before = previous.drains if previous is not None else None
-            if drains is not None:
-                new = (drains.drained & streams) - (before.drained if before else frozenset())
-                if new:
-                    metrics.OBSERVED_DRAINS.labels(ns, name).inc(len(new))
-            observed[sid] = _Observed(self.stats_round, drains if drains is not None else before)
-
-        await asyncio.gather(*(one(sid) for sid in segment_ids))
-
-    async def _prune(
-        self,
-        topic: JsonObj,
-        layout: SegmentLayout,
-        sealed_at: Mapping[int, float],
-        drained: set[int],
-        retention: RetentionRule | None,
-        sizes: Mapping[int, int],
-    ) -> tuple[JsonObj, SegmentLayout]:
-        """CAS the pruned layout (the decision is made again on the layout read for the write),
-        then delete the pruned segments from their brokers and as resources."""
-        meta = topic["metadata"]
-        ns, name = meta["namespace"], meta["name"]
-        now = self.clock()
-        pruned: list[SegmentInfo] = []
-
-        def change(status: ScalableTopicStatus, obj: JsonObj) -> ScalableTopicStatus:
-            pruned.clear()
-            current = layout_from(status)
-            if status.operation is not None or current is None:
-                return status
-            new = current
-            for sid in prunable(current, sealed_at, drained, retention, now, sizes):
-                pruned.append(new.segments[sid])
-                new = new.prune(sid)
-            if not pruned:
-                return status
-            new.validate()
-            return with_layout(status, new)
-
-        topic = await change_topic_status(self.kube, ns, name, change, topic=topic)
-        layout = layout_of(topic) or layout
-        if not pruned:
-            return topic, layout
-        self.cache.put_topic(topic)
-        metrics.PRUNED_SEGMENTS.labels(ns, name).inc(len(pruned))
-        segments = ", ".join(f"#{s.segment_id} {s.hash_range.hex()}" for s in pruned)
-        log.info("%s/%s: pruned %s at epoch %d", ns, name, segments, layout.epoch)
-        await self.event(
-            topic,
-            "Normal",
-            "Pruned",
-            f"pruned {segments} from the DAG (epoch {layout.epoch}): sealed, drained by every "
-            f"subscription, {_describe_retention(retention)}",
-        )
-        await self._remove_orphans(topic, layout)
-        return topic, layout
-
-    async def _manual_request(self, topic: JsonObj, layout: SegmentLayout) -> JsonObj:
-        annotations = topic["metadata"].get("annotations") or {}
-        raw = annotations.get(ANNOTATION_REQUEST)
-        if not raw:
-            return topic
-        status = read_status(topic.get("status"))
-        last_id = status.last_request.id if status.last_request is not None else None
-        try:
-            request = parse_manual_request(raw)
-        except ResourceValidationError as exc:
-            request_id, op = loose_request(raw)
-            if last_id == request_id:
-                return topic
-            return await self._reject(topic, request_id, op, str(exc))
-        if last_id == request.id:
-            return topic
-        if (topic.get("status") or {}).get("operation"):
-            return topic
-        handled = find_handled(status, request.id)
-        if handled is not None:
-            return await self._already_handled(topic, handled)
-        # The outcome of this request will replace lastRequest (the protocol's commit writes
-        # only that): the previous one goes into the history first.
-        meta = topic["metadata"]
-        topic = await change_topic_status(
-            self.kube,
-            meta["namespace"],
-            meta["name"],
-            lambda status, _: remember_request(status),
-            topic=topic,
-        )
-        op = request.op.value
-        if op == "move":
-            try:
-                return await self.transfers.start(topic, request)
-            except MoveRejected as exc:
-                return await self._reject(topic, request.id, op, str(exc))
-        try:
-            operation = self.plan(
-                topic,
-                layout,
-                op,
-                request.segments,
-                request.at,
-                source="manual",
-                reason=f"request {request.id}",
-                request_id=request.id,
-            )
-        except ValueError as exc:
-            return await self._reject(topic, request.id, op, str(exc))
-        try:
-            return await self.executor.start(topic, operation)
-        except OperationRejected as exc:
-            return await self._reject(topic, request.id, op, str(exc))
-
-    def plan(
-        self,
-        topic: JsonObj,
-        layout: SegmentLayout,
-        op: str,
-        segments: list[int],
-        at: int | None,
-        *,
-        source: str,
-        reason: str,
-        request_id: str | None = None,
-        buckets: int | None = None,
-    ) -> Operation:
-        """Plan a split/merge on the current layout; ``ValueError`` says why it can't be."""
-        spec = parse_topic_spec(topic.get("spec"))
-        counts = self._buckets(topic, layout, spec)
-        op_id = f"{op}-{uuid.uuid4().hex[:8]}"
-        fields: dict[str, Any] = {
-            "source": source,
-            "reason": reason,
-            "request_id": request_id,
-            "started_at": format_time(self.clock()),
-        }
-        if op == "split":
-            if len(segments) != 1:
-                raise ValueError(f"a split names exactly one segment, got {segments}")
-            return plan_split(
-                op_id,
-                layout,
-                segments[0],
-                parent_buckets=counts.get(segments[0], 1),
-                at=at,
-                **fields,
-            )
-        if op == "merge":
-            return plan_merge(
-                op_id,
-                layout,
-                segments,
-                parent_buckets={s: counts.get(s, 1) for s in segments},
-                **fields,
-            )
-        if op == "rebucket":
-            return plan_rebucket(op_id, layout, segments, buckets=buckets or 1, **fields)
-        raise ValueError(f"unknown operation {op!r}")
-
-    async def _reject(self, topic: JsonObj, request_id: str, op: str, message: str) -> JsonObj:
-        meta = topic["metadata"]
-        now = self.clock()
-        topic = await change_topic_status(
-            self.kube,
-            meta["namespace"],
-            meta["name"],
-            lambda status, _: reject_request(status, request_id, op, message, now),
-            topic=topic,
-        )
-        await self.event(topic, "Warning", "RequestRejected", f"request {request_id}: {message}")
-        return topic
-
-    async def _already_handled(self, topic: JsonObj, handled: LastRequest) -> JsonObj:
-        """A request id found in the history was applied again: it is not executed again, and
-        ``lastRequest`` reports it with its original outcome (which also keeps later passes from
-        reporting it twice)."""
-        meta = topic["metadata"]
-        topic = await change_topic_status(
-            self.kube,
-            meta["namespace"],
-            meta["name"],
-            lambda status, _: report_handled(status, handled),
-            topic=topic,
-        )
-        when = handled.completed_at or "an unknown time"
-        await self.event(
-            topic,
-            "Normal",
-            "RequestAlreadyHandled",
-            f"request {handled.id} was already handled ({handled.result.value} at {when}), "
-            "not executed again",
-        )
-        return topic
 
     async def _not_ready(
         self,
@@ -1045,7 +533,7 @@ class TopicReconciler:
             topic=topic,
         )
         if not previous or previous.reason != reason or previous.message != message:
-            await self.event(topic, "Warning", reason, message)
+            await self.events(topic, "Warning", reason, message)
 
     async def _write_status(
         self, topic: JsonObj, layout: SegmentLayout, problem: tuple[str, str] | None = None
@@ -1056,7 +544,7 @@ class TopicReconciler:
         ns, name = meta["namespace"], meta["name"]
         generation = meta.get("generation")
         controller = ControllerRef.model_validate(self.controller_ref(ns, name))
-        leftovers = self._leftovers.get((ns, name), [])
+        leftovers = self.segments.leftovers((ns, name))
         policy = self._policy_state.get((ns, name))
         now = self.clock()
 
@@ -1105,43 +593,3 @@ class TopicReconciler:
         if self.on_deleted:
             self.on_deleted(ns, name)
         log.info("%s/%s: deleted %d segment(s) and released the finalizer", ns, name, len(segments))
-
-
-def loose_request(raw: str) -> tuple[str, str]:
-    """The id and op of a request annotation that failed validation, for its ``Rejected``
-    outcome: what the request said where it can be read (a one-segment merge is recorded as a
-    merge), ``"invalid"`` for an unreadable id and ``"split"`` for an unreadable op (the status
-    schema knows only split and merge)."""
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError:
-        return "invalid", "split"
-    if not isinstance(data, dict):
-        return "invalid", "split"
-    op = data.get("op")
-    return str(data.get("id", "invalid")), op if op in ("split", "merge") else "split"
-
-
-def _hub_drained(status: Mapping[str, Any], spec: ScalableTopicSpec) -> dict[str, set[int]]:
-    """Subscription of the spec → the sealed segments the consumer hub has recorded as drained
-    (``status.subscriptions``; stream and queue subscriptions alike gate children on it). A
-    subscription without an entry yet is left out: the hub decides for a new one itself."""
-    names = {s.name for s in spec.subscriptions}
-    found: dict[str, set[int]] = {}
-    for entry in status.get("subscriptions") or []:
-        if not isinstance(entry, Mapping) or entry.get("name") not in names:
-            continue
-        done = entry.get("drainedSegments") or []
-        found[str(entry["name"])] = {int(i) for i in done if isinstance(i, int)}
-    return found
-
-
-def _describe_retention(retention: RetentionRule | None) -> str:
-    if retention is None:
-        return "no retention"
-    parts = []
-    if retention.time is not None:
-        parts.append(f"retention time {format_duration(retention.time)} passed")
-    if retention.size is not None:
-        parts.append(f"retention size {retention.size} bytes")
-    return " or ".join(parts)
