@@ -78,6 +78,15 @@ def _module_name(path: Path) -> str:
     raise ValueError(path)
 
 
+def _from_name(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module name of ``from X import ...`` written in ``package``."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[: len(base) - node.level + 1]
+    return ".".join([*base, node.module] if node.module else base)
+
+
 def _imports(source: str, module: str, *, is_package: bool = False) -> set[str]:
     """Absolute names of every module ``source`` (the text of ``module``) imports, relative
     imports resolved."""
@@ -87,12 +96,7 @@ def _imports(source: str, module: str, *, is_package: bool = False) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                name = ".".join([*base, node.module] if node.module else base)
-            else:
-                name = node.module or ""
+            name = _from_name(node, package)
             found.add(name)
             found.update(f"{name}.{alias.name}" for alias in node.names)
     return found
@@ -187,12 +191,7 @@ def _module_edges(
                 if name:
                     found.add(name)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                name = ".".join([*base, node.module] if node.module else base)
-            else:
-                name = node.module or ""
+            name = _from_name(node, package)
             for alias in node.names:
                 if f"{name}.{alias.name}" in modules:
                     found.add(f"{name}.{alias.name}")
