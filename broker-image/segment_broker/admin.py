@@ -98,7 +98,7 @@ class AdminRoutes:
         async def action() -> web.Response:
             hosted = hosted_segment(self.store, request)
             body = await read_body(request)
-            successors = [_successor(s) for s in body.get("successors", [])]
+            successors = [wire.Successor.from_json(s).to_json() for s in body.get("successors", [])]
             seal = await hosted.segment.terminate(successors)
             return web.json_response({"sealed": True, **seal.to_json()})
 
@@ -221,22 +221,3 @@ def _check_subscription_name(name: str) -> None:
 
     if not SUBSCRIPTION_NAME.match(name):
         raise ValueError(f"invalid subscription name {name!r}")
-
-
-def _successor(item: Any) -> dict[str, Any]:
-    if not isinstance(item, dict):
-        raise ValueError("successors must be objects {segmentId, range, brokerUrl}")
-    rng = item.get("range")
-    if not isinstance(rng, dict):
-        raise ValueError("successor range must be an object {start, end}")
-    start, end = _int(rng, "start"), _int(rng, "end")
-    if not 0 <= start <= end <= 0xFFFF:
-        raise ValueError(f"invalid successor range [{start}, {end}]")
-    url = item.get("brokerUrl")
-    if url is not None and not isinstance(url, str):
-        raise ValueError("brokerUrl must be a string")
-    return {
-        "segmentId": wire.check_id(item.get("segmentId")),
-        "range": {"start": start, "end": end},
-        "brokerUrl": url,
-    }

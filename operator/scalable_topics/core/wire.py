@@ -566,6 +566,13 @@ def encode_entry_error(sequence_id: int, code: str, message: str) -> bytes:
     )
 
 
+def _int_field(body: Mapping[str, Any], name: str) -> int:
+    value = body.get(name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Successor:
     """A segment that continues a sealed one: ``{segmentId, range: {start, end}, brokerUrl}``,
@@ -585,13 +592,21 @@ class Successor:
         }
 
     @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> Successor:
-        return cls(
-            segment_id=int(body["segmentId"]),
-            start=int(body["range"]["start"]),
-            end=int(body["range"]["end"]),
-            broker_url=body.get("brokerUrl"),
-        )
+    def from_json(cls, body: object) -> Successor:
+        """One successor as ``terminate`` and the SEALED frame carry it, checked; a
+        :class:`ValueError` says what is wrong."""
+        if not isinstance(body, Mapping):
+            raise ValueError("successors must be objects {segmentId, range, brokerUrl}")
+        hash_range = body.get("range")
+        if not isinstance(hash_range, Mapping):
+            raise ValueError("successor range must be an object {start, end}")
+        start, end = _int_field(hash_range, "start"), _int_field(hash_range, "end")
+        if not 0 <= start <= end < RING_SIZE:
+            raise ValueError(f"invalid successor range [{start}, {end}]")
+        url = body.get("brokerUrl")
+        if url is not None and not isinstance(url, str):
+            raise ValueError("brokerUrl must be a string")
+        return cls(check_id(body.get("segmentId")), start, end, url)
 
 
 def encode_sealed(body: Mapping[str, Any]) -> bytes:
