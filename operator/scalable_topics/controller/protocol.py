@@ -32,7 +32,7 @@ from typing import Any
 
 from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
-from ..core.operation import Operation, OperationKind, Phase, Recovery, recovery
+from ..core.operation import Operation, Phase, Recovery, recovery
 from ..core.resources import (
     format_time,
     parse_topic_spec,
@@ -40,13 +40,20 @@ from ..core.resources import (
     segment_name,
 )
 from ..core.subscriptions import BrokerSubscriptionType
+from ..core.topicstatus import (
+    StatusConflict,
+    commit_operation,
+    record_intent,
+    record_phase,
+    roll_back_operation,
+)
 from ..core.wire import Successor
 from . import metrics
 from .brokers import BrokerAdmin, broker_unavailable, choose_broker
 from .cache import ANNOTATION_BROKER, TopicCache, layout_of, recorded_broker
 from .faults import crash_after, fault_point
 from .kube import KubeApi
-from .status import put_layout, update_topic_status
+from .status import TypedChange, change_topic_status
 
 log = logging.getLogger(__name__)
 
@@ -121,20 +128,8 @@ class OperationExecutor:
                 "start once the move has ended"
             )
 
-        def record(status: dict[str, Any], obj: JsonObj) -> None:
-            in_flight = status.get("operation")
-            if in_flight and in_flight.get("id") != operation.id:
-                raise OperationRejected(f"operation {in_flight.get('id')} is in flight")
-            layout = layout_of(obj)
-            if layout is None or layout.epoch != operation.base_epoch:
-                raise OperationRejected(
-                    f"layout moved on (epoch {layout.epoch if layout else None}, "
-                    f"planned on {operation.base_epoch})"
-                )
-            status["operation"] = operation.to_status()
-
-        topic = await update_topic_status(
-            self.kube, meta["namespace"], meta["name"], record, topic=topic
+        topic = await self._change(
+            topic, lambda status, _: record_intent(status, operation), fresh=True
         )
         log.info(
             "%s/%s: %s %s recorded (%s)",
@@ -368,47 +363,26 @@ class OperationExecutor:
             activations.append(self.brokers.at(url).activate(ns, name, child.segment_id))
         await _all(activations)
 
-    async def _record_phase(self, topic: JsonObj, operation: Operation) -> JsonObj:
+    async def _change(self, topic: JsonObj, change: TypedChange, *, fresh: bool = False) -> JsonObj:
+        """Apply a ``core.topicstatus`` change with CAS (``fresh``: try ``topic`` first, else
+        read it); a :class:`StatusConflict` it raises rejects the operation."""
         meta = topic["metadata"]
+        try:
+            return await change_topic_status(
+                self.kube, meta["namespace"], meta["name"], change, topic=topic if fresh else None
+            )
+        except StatusConflict as exc:
+            raise OperationRejected(str(exc)) from None
 
-        def change(status: dict[str, Any], obj: JsonObj) -> None:
-            current = status.get("operation") or {}
-            if current.get("id") != operation.id:
-                raise OperationRejected(f"operation {operation.id} is no longer in status")
-            status["operation"] = operation.to_status()
-
-        return await update_topic_status(self.kube, meta["namespace"], meta["name"], change)
+    async def _record_phase(self, topic: JsonObj, operation: Operation) -> JsonObj:
+        return await self._change(topic, lambda status, _: record_phase(status, operation))
 
     async def _commit(self, topic: JsonObj, operation: Operation) -> JsonObj:
-        meta = topic["metadata"]
-        now = format_time(self.clock())
-
-        def change(status: dict[str, Any], obj: JsonObj) -> None:
-            current = status.get("operation") or {}
-            layout = layout_of(obj)
-            if current.get("id") != operation.id:
-                if layout is not None and layout.epoch > operation.base_epoch:
-                    return
-                raise OperationRejected(f"operation {operation.id} is no longer in status")
-            if layout is None:
-                raise OperationRejected("the topic has no layout")
-            new_layout = operation.apply(layout)
-            put_layout(status, new_layout)
-            status.pop("operation", None)
-            if operation.kind is OperationKind.SPLIT:
-                status["lastSplitAt"] = now
-            elif operation.kind is OperationKind.MERGE:
-                status["lastMergeAt"] = now
-            if operation.request_id:
-                status["lastRequest"] = {
-                    "id": operation.request_id,
-                    "op": operation.kind.value,
-                    "result": "Succeeded",
-                    "message": _describe(operation),
-                    "completedAt": now,
-                }
-
-        return await update_topic_status(self.kube, meta["namespace"], meta["name"], change)
+        now = self.clock()
+        message = _describe(operation)
+        return await self._change(
+            topic, lambda status, _: commit_operation(status, operation, now, message)
+        )
 
     async def _finish(self, topic: JsonObj, operation: Operation) -> None:
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
@@ -457,21 +431,10 @@ class OperationExecutor:
             if url:
                 await self.brokers.at(url).delete_segment(ns, name, child.segment_id)
             await self.kube.delete_segment(ns, segment_name(name, child.segment_id))
-        now = format_time(self.clock())
-
-        def change(status: dict[str, Any], obj: JsonObj) -> None:
-            if (status.get("operation") or {}).get("id") == operation.id:
-                status.pop("operation", None)
-            if operation.request_id:
-                status["lastRequest"] = {
-                    "id": operation.request_id,
-                    "op": operation.kind.value,
-                    "result": "Failed",
-                    "message": f"rolled back: {why}",
-                    "completedAt": now,
-                }
-
-        topic = await update_topic_status(self.kube, ns, name, change)
+        now = self.clock()
+        topic = await self._change(
+            topic, lambda status, _: roll_back_operation(status, operation, why, now)
+        )
         metrics.OPERATIONS.labels(
             ns, name, operation.kind.value, operation.source, "rolled-back"
         ).inc()
