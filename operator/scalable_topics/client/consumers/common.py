@@ -1,0 +1,188 @@
+"""What every consumer kind shares: errors, options, the segment reader and delivery queue
+records, and the drain-gating rule."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+import aiohttp
+
+from scalable_topics.core import sessions as proto
+from scalable_topics.core import wire
+
+from ..dag import TopicNotFoundError
+from ..model import Message, decode_key
+from ..segment import (
+    ReceivedEntry,
+    SegmentConsumer,
+)
+
+log = logging.getLogger("scalable_topics.client.consumers")
+
+_FATAL_CODES = {
+    proto.ErrorCode.SUPERSEDED,
+    proto.ErrorCode.INVALID_SUBSCRIPTION,
+    proto.ErrorCode.UNKNOWN_TOPIC,
+    proto.ErrorCode.UNAUTHENTICATED,
+    proto.ErrorCode.FORBIDDEN,
+}
+_FATAL_CLOSES = {
+    proto.CloseCode.SUPERSEDED,
+    proto.CloseCode.INVALID_SUBSCRIPTION,
+    proto.CloseCode.UNKNOWN_TOPIC,
+    proto.CloseCode.BAD_MESSAGE,
+    proto.CloseCode.UNAUTHENTICATED,
+    proto.CloseCode.FORBIDDEN,
+}
+_WAITING_CODES = {wire.ERR_CONSUMER_BUSY, wire.ERR_BUCKET_CONFLICT}
+"""Attach refusals that only mean "the previous owner has not let go yet"."""
+
+
+class ConsumerError(Exception):
+    """The consumer cannot go on (superseded, unknown subscription or topic, bad message)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class ConsumerTopicNotFoundError(ConsumerError, TopicNotFoundError):
+    """The consumer's topic is unknown or was deleted: a :class:`ConsumerError` (code
+    ``UnknownTopic``) that is also the :class:`TopicNotFoundError` a producer of the topic
+    raises, with the same message."""
+
+    def __init__(self, message: str, *, deleted: bool = False) -> None:
+        TopicNotFoundError.__init__(self, message, deleted=deleted)
+        self.code = proto.ErrorCode.UNKNOWN_TOPIC.value
+
+
+def _session_error(code: str, message: str) -> ConsumerError:
+    if code in (proto.ErrorCode.UNKNOWN_TOPIC.value, str(int(proto.CloseCode.UNKNOWN_TOPIC))):
+        return ConsumerTopicNotFoundError(message, deleted=True)
+    return ConsumerError(code, message)
+
+
+class ConsumerClosedError(Exception):
+    pass
+
+
+class _NothingToRead(Exception):
+    """A sealed segment that never had this subscription: nothing to consume there."""
+
+
+class ConsumerOptions(TypedDict, total=False):
+    """Keyword options every consumer takes."""
+
+    permits: int
+    """Entries each broker connection may push ahead of the application (default 1000)."""
+    receive_queue: int
+    """Messages queued for the application before the readers pause (default 10 000)."""
+    session: aiohttp.ClientSession | None
+    """An HTTP session to use (default: one of the consumer's own)."""
+    heartbeat: float
+    """Seconds between pings on the controller session (default 20)."""
+    ca_file: str | None
+    """CA bundle verifying ``https``/``wss`` servers for the consumer's own session (default
+    ``$SCALABLE_TOPICS_CA_FILE``, else the system's CAs; docs/security.md)."""
+
+
+def entry_messages(segment_id: int, item: ReceivedEntry) -> list[Message]:
+    """The application messages of a delivered entry."""
+    header, messages = wire.decode_entry(item.entry)
+    count = len(messages)
+    return [
+        Message(
+            key=decode_key(m.key),
+            value=m.value,
+            segment_id=segment_id,
+            position=item.position,
+            batch_index=i,
+            batch_size=count,
+            properties=dict(m.properties),
+            event_time_ms=m.timestamp_ms,
+            publish_time_ms=header.publish_time_ms,
+            producer_name=header.producer_name,
+            redelivery_count=item.redelivery_count,
+        )
+        for i, m in enumerate(messages)
+    ]
+
+
+def readable(segment: proto.AssignedSegmentModel, drained: set[int] | frozenset[int]) -> bool:
+    """May the consumer read ``segment`` now (``docs/sessions.md``: drain gating)?"""
+    return segment.consumable or set(segment.blocked_by) <= drained
+
+
+# -- the machinery: segment readers feeding one delivery queue ----------------------------------
+
+ReaderKey = tuple[int, frozenset[int] | None]
+"""A reader reads one segment, for its named entry buckets (``None``: the whole segment)."""
+
+
+@dataclass(eq=False)
+class _Reader:
+    segment_id: int
+    buckets: frozenset[int] | None = None
+    task: asyncio.Task[None] | None = None
+    consumer: SegmentConsumer | None = None
+    outstanding: int = 0
+    """Messages queued for the application and not yet taken."""
+    taken: asyncio.Event = field(default_factory=asyncio.Event)
+    stopped: bool = False
+    halted: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once stopped (a pump handing its buckets over waits for it)."""
+    acked: int = -1
+    """Stream: the highest position acknowledged cumulatively."""
+    releasing: bool = False
+    """Queue: the buckets are being handed over; entries not started are dropped."""
+    started: dict[int, set[int]] = field(default_factory=dict)
+    """Queue: entries of which the application took a message → batch indexes acknowledged."""
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+    moved_to: str | None = None
+    """The new owner a moved close frame named: the next attach goes there (no DAG wait)."""
+    count: int = 1
+    """The segment's bucket count (from the broker's ``HELLO_OK``)."""
+
+    @property
+    def key(self) -> ReaderKey:
+        return self.segment_id, self.buckets
+
+    def wants(self, message: Message) -> bool:
+        """Does a queued ``message`` still go to the application?"""
+        return not self.stopped and (not self.releasing or message.position in self.started)
+
+
+class _Delivery:
+    """The bounded queue between segment readers and the application's iterator."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.items: deque[tuple[_Reader, Message]] = deque()
+        self.not_empty = asyncio.Event()
+        self.room = asyncio.Event()
+        self.room.set()
+
+    def put(self, reader: _Reader, messages: list[Message]) -> None:
+        for m in messages:
+            self.items.append((reader, m))
+        reader.outstanding += len(messages)
+        if messages:
+            self.not_empty.set()
+        if len(self.items) >= self.capacity:
+            self.room.clear()
+
+    def take(self) -> tuple[_Reader, Message] | None:
+        while self.items:
+            reader, message = self.items.popleft()
+            reader.outstanding -= 1
+            reader.taken.set()
+            if len(self.items) < self.capacity:
+                self.room.set()
+            if reader.wants(message):
+                return reader, message
+        self.not_empty.clear()
+        return None
