@@ -67,3 +67,32 @@ def test_exhausted_pool_reclaims_sticky_addresses_of_absent_pods(tmp_path: Path)
     assert alloc.allocate("ns/x", sticky=False, live_keys={"ns/db-0", "ns/db-1"}) is None
     assert alloc.allocate("ns/x", sticky=False, live_keys={"ns/db-1"}) == old
     assert alloc.get("ns/db-0") is None and alloc.get("ns/db-1") == live
+
+
+def test_a_running_node_claims_its_subnet_machine_wide(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two clusters that drew (or stored) the same subnet: the second to claim it draws another,
+    its stored addresses dropped; once the first releases, the subnet can be claimed again."""
+    first = IPAllocator(tmp_path / "a.json", subnet="127.9.7")
+    second_path = tmp_path / "b.json"
+    second_path.write_text(json.dumps({"subnet": "127.9.7", "pods": {"ns/p": {"ip": "127.9.7.2"}}}))
+    second = IPAllocator(second_path)
+    assert second.subnet == "127.9.7"
+    first.claim()
+    try:
+        monkeypatch.setattr(kubelet_module, "_random_subnet", lambda: "127.9.6")
+        second.claim()
+        try:
+            assert second.subnet == "127.9.6" and second.get("ns/p") is None
+            assert json.loads(second_path.read_text())["subnet"] == "127.9.6"
+            first.claim()  # idempotent while held
+            assert first.subnet == "127.9.7"
+        finally:
+            second.release_claim()
+    finally:
+        first.release_claim()
+    third = IPAllocator(tmp_path / "c.json", subnet="127.9.7")
+    third.claim()
+    third.release_claim()
+    assert third.subnet == "127.9.7"

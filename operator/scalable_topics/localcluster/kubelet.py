@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import json
 import logging
 import secrets
 import shutil
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,12 +75,20 @@ NODES = Resource("", "v1", "nodes", namespaced=False)
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts")
 
 
+SUBNET_CLAIM_PORT = 65001
+"""The port a running node holds bound (never listening) on its pod subnet's ``.1``, an
+address no pod gets: the machine-wide claim on the subnet (:meth:`IPAllocator.claim`). Above
+Linux's ephemeral range (32768-60999), so no ``bind(0)`` lands on it."""
+_CLAIM_DRAWS = 32
+
+
 class IPAllocator:
     """Hands out ``<subnet>.x`` loopback addresses per pod, persisted in a JSON file.
 
     Each cluster draws its own ``127.A.B`` subnet the first time it starts (kept in the file),
-    so two embedded clusters on one machine — ``make run`` beside a test run, or parallel test
-    runs — never hand the same address and port to two pods. ``subnet`` fixes it (tests).
+    and its running node claims it (:meth:`claim`), so two embedded clusters on one machine —
+    ``make run`` beside a test run, or parallel test workers — never hand the same address
+    and port to two pods. ``subnet`` fixes it (tests).
 
     Addresses of StatefulSet pods are *sticky*: kept for the pod's name after the pod is
     deleted, so the re-created pod gets the same address. Sticky entries of absent pods are
@@ -103,8 +113,40 @@ class IPAllocator:
             log.warning("pod subnet %s is in the Service range: drawing another", stored_subnet)
             stored_subnet, self._entries = None, {}
         self.subnet = subnet or stored_subnet or _random_subnet()
+        self._claim: socket.socket | None = None
         if stored_subnet != self.subnet:
             self._save()
+
+    def claim(self) -> None:
+        """Hold the subnet for as long as the node runs (until :meth:`release_claim`): bind
+        ``<subnet>.1``:data:`SUBNET_CLAIM_PORT`, which no other process can then bind. A
+        subnet another running node holds — drawn by both at random, or stored here and taken
+        while this cluster was down — is given up for a new draw, with its addresses (no pod
+        runs yet: the node claims before it watches Pods)."""
+        if self._claim is not None:
+            return
+        for _ in range(_CLAIM_DRAWS):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind((f"{self.subnet}.1", SUBNET_CLAIM_PORT))
+            except OSError as exc:
+                sock.close()
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                log.warning(
+                    "pod subnet %s is held by another running node: drawing another", self.subnet
+                )
+                self.subnet, self._entries = _random_subnet(), {}
+                self._save()
+                continue
+            self._claim = sock
+            return
+        raise RuntimeError(f"no free pod subnet in {_CLAIM_DRAWS} draws")
+
+    def release_claim(self) -> None:
+        if self._claim is not None:
+            self._claim.close()
+            self._claim = None
 
     def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -372,6 +372,7 @@ class NodeKubelet:
         self._started = True
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
+            self.agent.ips.claim()
             if self.serving is not None:
                 await self._serve()
             node = await self.register()
@@ -396,6 +397,7 @@ class NodeKubelet:
             self._heartbeat = None
         await self.pods.stop()
         await self.agent.stop()
+        self.agent.ips.release_claim()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
