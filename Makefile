@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= .local/run
 PYTEST_ARGS ?=
+# make test runs pytest on this many xdist workers (README, "How long make test takes");
+# PYTEST_ARGS=-n0 runs it serially.
+PYTEST_WORKERS ?= 4
 
 .PHONY: install run test test-deps lint typecheck unit bench crds monitoring images deploy clean kube-binaries
 
@@ -45,9 +48,11 @@ typecheck: $(STAMP)
 test-deps: $(STAMP)
 	$(BIN)/python -m tests.prefetch
 
-# pytest exits 5 when it collected nothing; that is not a failure of the suite.
+# pytest exits 5 when it collected nothing; that is not a failure of the suite. The tests wait
+# on real processes far more than they compute, so workers overlap the waits: a module is one
+# worker's (its shared fixtures start once), slowest modules first (tests/conftest.py).
 test: lint typecheck test-deps
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
