@@ -1,41 +1,18 @@
-"""The consumer hub: the leader's live side of subscriptions (DESIGN §3, §6, PIP-486).
-
-Per topic and subscription the hub holds one coordinator (the pure state machine of
-:mod:`scalable_topics.core.assignment`: a ``SubscriptionCoordinator`` handing whole segments to
-the stream/checkpoint consumers of a Stream subscription, a ``QueueCoordinator`` handing entry
-buckets to the queue consumers of a Queue subscription), the consumer WebSockets of that
-subscription, one asyncio timer for the coordinator's next grace deadline, and at most one
-in-flight persist.
-
-Every event - a consumer registering, dropping, unregistering or reporting a drained segment, a
-grace period running out, a layout change, a drain observed by the controller - goes through the
-coordinator, and its result is carried out the same way (:meth:`ConsumerHub._apply`): push
-effects become assignment messages on the consumers' sockets, a persist effect becomes a call of
-``persist`` (coalesced: the latest status wins), a change of the registered consumers calls
-``on_consumers_changed`` (the consumer-count autoscale rule), and the timer is re-armed.
-
-Everything runs on the event loop without awaiting between reading and updating state, so no
-lock is needed; the only awaits are socket writes (one writer task per socket, so a slow consumer
-delays nobody else) and ``persist``.
-"""
+"""The consumer hub proper (:class:`ConsumerHub`): the reconciler's side (restore, layout
+changes, drains, counts), the session layer's side (register, reports, leave) and the
+internals that carry out the coordinators' results."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
-import logging
 import re
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel
 
-from ..core.assignment import (
+from ...core.assignment import (
     AssignmentStrategy,
     ConsumerAssignment,
     Coordinator,
@@ -43,10 +20,9 @@ from ..core.assignment import (
     QueueCoordinator,
     SubscriptionCoordinator,
 )
-from ..core.layout import SegmentLayout
-from ..core.resources import SUBSCRIPTION_NAME_PATTERN
-from ..core.sessions import (
-    AssignmentMessage,
+from ...core.layout import SegmentLayout
+from ...core.resources import SUBSCRIPTION_NAME_PATTERN
+from ...core.sessions import (
     CloseCode,
     ConsumerType,
     ErrorCode,
@@ -55,228 +31,21 @@ from ..core.sessions import (
     RegisterMessage,
     assignment_message,
     consumers_path,
-    encode,
 )
-from . import metrics
-from .interfaces import DagSource, Routing
-
-__all__ = [
-    "ConsumerConnection",
-    "ConsumerHub",
-    "SessionRejected",
-    "close_reason",
-    "leader_elsewhere",
-]
-
-log = logging.getLogger("scalable_topics.controller.sessions")
-
-PersistFn = Callable[[str, str, str, dict[str, Any]], Awaitable[None]]
-ConsumersChangedFn = Callable[[str, str], None]
-
-_PERSIST_BACKOFF = (0.5, 30.0)
-_RETRY_AFTER = 1.0
-"""Seconds a client should wait before reconnecting when no new leader is known yet."""
-_CLOSE_FLUSH_TIMEOUT = 5.0
-
-
-class SessionRejected(Exception):
-    """A registration the hub refuses; the session layer sends ``message`` and closes."""
-
-    def __init__(self, code: CloseCode, message: ErrorMessage | RedirectMessage) -> None:
-        super().__init__(message.message if isinstance(message, ErrorMessage) else message.reason)
-        self.code = code
-        self.message = message
-
-
-def leader_elsewhere(routing: Routing, own_url: str, namespace: str, topic: str) -> str:
-    """The base URL of the topic's leader when it is another replica, else "".
-
-    Right after losing a shard the Lease still names this replica until another one takes it;
-    pointing a client back here would only bounce it, so that counts as "unknown".
-    """
-    if routing.leads(namespace, topic):
-        return ""
-    leader = routing.leader_url(namespace, topic).rstrip("/")
-    return "" if not leader or leader == own_url else leader
-
-
-def close_reason(text: str) -> bytes:
-    """A WebSocket close reason: at most 123 bytes of UTF-8."""
-    data = text.encode()
-    return data if len(data) <= 123 else data[:120].decode(errors="ignore").encode() + b"..."
-
-
-_session_ids = itertools.count(1)
-
-
-class ConsumerConnection:
-    """One consumer socket after a successful ``register``.
-
-    Outgoing messages go through a small outbox drained by one writer task: assignments are full
-    states, so a pending assignment not yet written is replaced by a newer one; other messages
-    are kept in order. :meth:`finish` queues a last message and closes the socket.
-    """
-
-    def __init__(
-        self,
-        ws: web.WebSocketResponse,
-        *,
-        namespace: str,
-        topic: str,
-        subscription: str,
-        consumer: str,
-        consumer_type: ConsumerType,
-    ) -> None:
-        self.id = next(_session_ids)
-        self.ws = ws
-        self.namespace = namespace
-        self.topic = topic
-        self.subscription = subscription
-        self.consumer = consumer
-        self.consumer_type = consumer_type
-        self.sent_brokers: dict[int, str | None] = {}
-        """Broker URL of every segment in the last assignment queued for this socket."""
-        self._outbox: deque[BaseModel] = deque()
-        self._final: tuple[BaseModel | None, int, str] | None = None
-        self._wake = asyncio.Event()
-        self._writer = asyncio.create_task(self._write_loop(), name=f"consumer-session-{self.id}")
-
-    def __repr__(self) -> str:
-        return (
-            f"<ConsumerConnection {self.id} {self.namespace}/{self.topic} "
-            f"{self.subscription}/{self.consumer}>"
-        )
-
-    @property
-    def finishing(self) -> bool:
-        return self._final is not None
-
-    def send(self, message: BaseModel) -> None:
-        if self._final is not None:
-            return
-        if isinstance(message, AssignmentMessage):
-            for queued in [m for m in self._outbox if isinstance(m, AssignmentMessage)]:
-                self._outbox.remove(queued)
-        self._outbox.append(message)
-        self._wake.set()
-
-    def finish(self, message: BaseModel | None, code: int, reason: str) -> None:
-        """Send ``message`` (if any) after what is queued, then close with ``code``."""
-        if self._final is None:
-            self._final = (message, code, reason)
-            self._wake.set()
-
-    async def wait_closed(self) -> None:
-        """Wait until the last message is written and the socket closed (the handler calls
-        this; cancelling the caller does not cut the writer's close short)."""
-        try:
-            await asyncio.shield(self._writer)
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
-            # the writer itself was cancelled (shutdown ran out of time): nothing to wait for
-
-    @property
-    def writer(self) -> asyncio.Task[None]:
-        return self._writer
-
-    async def _write_loop(self) -> None:
-        try:
-            while True:
-                await self._wake.wait()
-                self._wake.clear()
-                while self._outbox:
-                    await self.ws.send_str(encode(self._outbox.popleft()))
-                if self._final is not None:
-                    message, _, _ = self._final
-                    if message is not None and not self.ws.closed:
-                        await self.ws.send_str(encode(message))
-                    break
-        except (ConnectionError, RuntimeError) as exc:
-            log.debug("%r: write failed: %s", self, exc)
-        if self._final is None:
-            self._final = (None, CloseCode.GOING_AWAY, "writer stopped")
-        _, code, reason = self._final
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await self.ws.close(code=code, message=close_reason(reason))
-
-
-@dataclass(eq=False)
-class _Subscription:
-    name: str
-    coordinator: Coordinator[Any]
-    sessions: dict[str, ConsumerConnection] = field(default_factory=dict)
-    positions: dict[str, dict[int, int]] = field(default_factory=dict)
-    timer: asyncio.TimerHandle | None = None
-    persist_pending: dict[str, Any] | None = None
-    persist_task: asyncio.Task[None] | None = None
-
-    @property
-    def queue(self) -> bool:
-        return isinstance(self.coordinator, QueueCoordinator)
-
-
-@dataclass(eq=False)
-class _Topic:
-    namespace: str
-    name: str
-    layout: SegmentLayout
-    grace_period: float
-    subscriptions: dict[str, _Subscription] = field(default_factory=dict)
-    watch_task: asyncio.Task[None] | None = None
-    queues_known: bool = False
-    """The caller named the topic's Queue subscriptions (else they are served as they come)."""
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.namespace, self.name
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-def _fields(
-    event: str,
-    state: _Topic,
-    sub: _Subscription | None = None,
-    consumer: str | None = None,
-    **more: object,
-) -> dict[str, object]:
-    """``extra`` of a structured log record (``core.logfmt``): the event and what it is about,
-    ``topic`` as ``namespace/name``."""
-    fields: dict[str, object] = {"event": event, "topic": str(state)}
-    if sub is not None:
-        fields["subscription"] = sub.name
-    if consumer is not None:
-        fields["consumer"] = consumer
-    fields.update(more)
-    return fields
-
-
-def _normalised(status: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of a subscription status that :meth:`Coordinator.to_status` writes, in its
-    canonical form, to tell whether a persisted status is current."""
-    consumers = status.get("consumers") or []
-    return {
-        "layoutEpoch": status.get("layoutEpoch"),
-        "consumers": sorted(
-            (
-                {"name": c.get("name"), "segments": sorted(c.get("segments") or [])}
-                for c in consumers
-                if isinstance(c, Mapping)
-            ),
-            key=lambda c: str(c["name"]),
-        ),
-        "drainedSegments": sorted(status.get("drainedSegments") or []),
-    }
-
-
-def _differs(entry: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
-    try:
-        return _normalised(entry) != _normalised(status)
-    except TypeError:  # mixed types in a hand-edited status: not the canonical form
-        return True
+from .. import metrics
+from ..interfaces import DagSource, Routing
+from .connection import (
+    _CLOSE_FLUSH_TIMEOUT,
+    _PERSIST_BACKOFF,
+    _RETRY_AFTER,
+    ConsumerConnection,
+    ConsumersChangedFn,
+    PersistFn,
+    SessionRejected,
+    leader_elsewhere,
+    log,
+)
+from .state import _differs, _fields, _Subscription, _Topic
 
 
 class ConsumerHub:
