@@ -266,7 +266,9 @@ class Controller:
                 e for e in status.get("subscriptions") or [] if e.get("name") != subscription
             ]
             # A queue coordinator's status carries "type": "Queue" and overrides the default.
-            entries.append({"name": subscription, "type": "Stream", **coordinator_status})
+            entries.append(
+                {"name": subscription, "type": SubscriptionType.STREAM.value, **coordinator_status}
+            )
             status["subscriptions"] = sorted(entries, key=lambda e: str(e.get("name")))
 
         assert self.kube is not None
