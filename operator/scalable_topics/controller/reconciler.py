@@ -11,12 +11,10 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
-from ..core.operation import Operation
 from ..core.policy import (
     AutoScalePolicy,
     ClusterDefaults,
@@ -27,7 +25,6 @@ from ..core.policy import (
 from ..core.rebuild import (
     rebuild_layout,
     record_from_segment,
-    request_after_rebuild,
     subscription_entries,
 )
 from ..core.resources import (
@@ -44,9 +41,11 @@ from ..core.resources import (
     topic_name_problem,
 )
 from ..core.topicstatus import (
+    Restored,
     not_ready,
     read_status,
     reconciled,
+    restore_layout,
     with_layout,
     with_policy,
 )
@@ -67,7 +66,7 @@ from .restore import (
 )
 from .retention import RetentionKeeper
 from .segments import SegmentKeeper, SegmentsUnavailable
-from .status import TopicGone, change_topic_status, put_layout, update_topic_status
+from .status import TopicGone, change_topic_status
 from .topics import ResolvedPolicies, TopicLocks
 from .transfer import TransferExecutor
 
@@ -425,46 +424,30 @@ class TopicReconciler:
         subscriptions = subscription_entries(
             layout, reports, {s.name: s.type.value for s in spec.subscriptions}
         )
-        resumed: list[str] = []
-        unrun: list[str] = []
-        wrote: list[bool] = []
+        now = self.clock()
+        outcomes: list[Restored] = []
 
-        def change(status: dict[str, Any], obj: JsonObj) -> None:
-            resumed.clear()
-            unrun.clear()
-            wrote.clear()
-            if status.get("layout"):
-                return
-            wrote.append(True)
-            put_layout(status, layout)
-            if not status.get("subscriptions"):
-                # What the consumer hub restores from; without it a new leader would count
-                # every sealed segment drained.
-                status["subscriptions"] = subscriptions
-            operation = rebuilt.operation
-            if status.get("operation"):
-                # The intent survived (only the layout went): rebased on the rebuilt epoch, the
-                # resume decides on it as on any operation it finds.
-                try:
-                    found = Operation.from_status(status["operation"])
-                    operation = replace(found, base_epoch=layout.epoch)
-                except ValueError:
-                    pass
+        def change(status: ScalableTopicStatus, obj: JsonObj) -> ScalableTopicStatus:
+            outcomes.clear()
             annotations = obj["metadata"].get("annotations") or {}
-            operation, last = request_after_rebuild(
-                annotations.get(ANNOTATION_REQUEST), operation, format_time(self.clock())
+            restored = restore_layout(
+                status,
+                layout,
+                subscriptions=subscriptions,
+                operation=rebuilt.operation,
+                request_annotation=annotations.get(ANNOTATION_REQUEST),
+                now=now,
             )
-            if operation is not None:
-                status["operation"] = operation.to_status()
-                resumed.append(operation.id)
-            if last is not None and not status.get("lastRequest"):
-                status["lastRequest"] = last
-                unrun.append(str(last["id"]))
+            if restored is None:
+                return status
+            outcomes.append(restored)
+            return restored.status
 
-        topic = await update_topic_status(self.kube, ns, name, change, topic=topic)
+        topic = await change_topic_status(self.kube, ns, name, change, topic=topic)
         written = layout_of(topic)
-        if not wrote:  # another writer's layout came first: the next pass looks at it
+        if not outcomes:  # another writer's layout came first: the next pass looks at it
             return None if written is None else (topic, written)
+        resumed, unrun = outcomes[0].resumed, outcomes[0].unrun
         outcome = "from-brokers" if rebuilt.from_brokers else "from-segments"
         metrics.LAYOUT_REBUILDS.labels(ns, name, outcome).inc()
         parts = [f"{len(bodies)} Segment(s)"]
@@ -477,9 +460,9 @@ class TopicReconciler:
             f"({len(layout.segments)} segment(s), {len(layout.active())} active)"
         )
         if resumed:
-            message += f"; resuming the interrupted operation {resumed[0]}"
+            message += f"; resuming the interrupted operation {resumed}"
         if unrun:
-            message += f"; request {unrun[0]} is not run again (whether it ran is unknown)"
+            message += f"; request {unrun} is not run again (whether it ran is unknown)"
         log.warning("%s/%s: %s", ns, name, message)
         await self.events(topic, "Warning", "LayoutRebuilt", message)
         return topic, written

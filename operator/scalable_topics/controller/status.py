@@ -10,9 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.jsontypes import JsonObj
-from ..core.layout import SegmentLayout
 from ..core.resources import ScalableTopicStatus
-from ..core.topicstatus import apply_change, with_layout
+from ..core.topicstatus import apply_change
 from . import metrics
 from .kube import Conflict, KubeApi, NotFound
 
@@ -48,11 +47,6 @@ def typed(change: TypedChange) -> StatusChange:
         status.update(new)
 
     return apply
-
-
-def put_layout(status: dict[str, Any], layout: SegmentLayout) -> None:
-    """Make ``layout`` the topic's DAG in ``status`` (``core.topicstatus.with_layout``)."""
-    typed(lambda s, _: with_layout(s, layout))(status, {})
 
 
 class TopicGone(Exception):
