@@ -16,6 +16,7 @@ from scalable_topics.core.operation import Operation, plan_merge, plan_split
 from scalable_topics.core.policy import ClusterDefaults, ClusterMode, resolve_policy
 from scalable_topics.core.resources import (
     REQUEST_HISTORY,
+    AutoScaleDecision,
     ControllerRef,
     LastRequest,
     SegmentStatus,
@@ -543,3 +544,53 @@ def test_a_surviving_intent_is_rebased_and_wins_over_the_records() -> None:
     assert resumed.id == "split-7" and resumed.base_epoch == 4 and resumed.request_id == "r1"
     assert out["subscriptions"] == raw["subscriptions"], "the hub's entries are kept"
     assert "lastRequest" not in out
+
+
+# -- the auto-scaler's outcome and decision ------------------------------------------------------
+
+
+def test_evaluation_since_moves_only_when_the_outcome_does() -> None:
+    raw = full_status()
+    first = written(raw, lambda s: ts.with_evaluation(s, "Suppressed", ["maxSegments"], "m", T0))
+    assert first["autoScale"]["lastEvaluation"] == {
+        "result": "Suppressed",
+        "reasons": ["maxSegments"],
+        "message": "m",
+        "since": format_time(T0),
+    }
+    assert first["autoScale"]["policy"] == raw["autoScale"]["policy"]
+    same = written(
+        first, lambda s: ts.with_evaluation(s, "Suppressed", ["maxSegments"], "m", T0 + 60)
+    )
+    assert same == first, "a repeated outcome writes nothing"
+    idle = written(first, lambda s: ts.with_evaluation(s, "Idle", [], "nothing", T0 + 90))
+    assert idle["autoScale"]["lastEvaluation"]["since"] == format_time(T0 + 90)
+    assert idle["autoScale"]["lastEvaluation"]["reasons"] == []
+    assert written(None, lambda s: ts.with_evaluation(s, "Off", [], "", T0))["autoScale"] == {
+        "lastEvaluation": {"result": "Off", "reasons": [], "message": "", "since": format_time(T0)}
+    }
+
+
+def test_a_decision_replaces_the_last_one() -> None:
+    raw = full_status()
+    decision = AutoScaleDecision.model_validate(
+        {
+            "action": "merge",
+            "segments": [2, 3],
+            "source": "recommendation",
+            "executed": False,
+            "reason": "cold",
+            "decidedAt": format_time(T0),
+        }
+    )
+    out = written(raw, lambda s: ts.with_decision(s, decision))
+    assert out["autoScale"]["lastDecision"] == {
+        "action": "merge",
+        "segments": [2, 3],
+        "source": "recommendation",
+        "executed": False,
+        "reason": "cold",
+        "decidedAt": format_time(T0),
+        "future": 1,
+    }, "what the model does not know of the old decision stays (the API server prunes it)"
+    assert out["autoScale"]["mode"] == "auto"

@@ -21,7 +21,8 @@ from ..core.evaluator import LoadSample, Merge, Rebucket, Split, Suppression, de
 from ..core.jsontypes import JsonObj
 from ..core.policy import ClusterMode
 from ..core.recommendation import accept
-from ..core.resources import format_time, parse_time
+from ..core.resources import AutoScaleDecision, ScalableTopicStatus, format_time, parse_time
+from ..core.topicstatus import with_decision, with_evaluation
 from . import metrics
 from .autoscalestatus import (
     ACTED,
@@ -31,15 +32,13 @@ from .autoscalestatus import (
     SUPPRESSED,
     Outcome,
     mode_message,
-    put_decision,
-    put_outcome,
     suppression_message,
 )
 from .cache import TopicCache, layout_of
 from .kube import KubeApi
 from .protocol import EventSink, OperationExecutor, OperationRejected
 from .requests import Planner
-from .status import TopicGone, update_topic_status
+from .status import TopicGone, change_topic_status
 from .topics import ResolvedPolicies, TopicLocks
 
 log = logging.getLogger(__name__)
@@ -368,13 +367,14 @@ class AutoScaler:
                 meta["namespace"], meta["name"], outcome.result
             ).inc()
 
-        def change(status: dict[str, Any], _: JsonObj) -> None:
-            put_outcome(status, outcome, format_time(now))
-            if decision is not None:
-                put_decision(status, decision)
+        decided = None if decision is None else AutoScaleDecision.model_validate(decision)
+
+        def change(status: ScalableTopicStatus, _: JsonObj) -> ScalableTopicStatus:
+            status = with_evaluation(status, outcome.result, outcome.reasons, outcome.message, now)
+            return status if decided is None else with_decision(status, decided)
 
         try:
-            written = await update_topic_status(
+            written = await change_topic_status(
                 self.kube,
                 meta["namespace"],
                 meta["name"],

@@ -1,14 +1,12 @@
-"""``status.autoScale``: the auto-scaler's last decision and the outcome of its evaluations (the
-effective policy with each knob's source is the reconcile pass's, ``core.topicstatus.
-with_policy``). Each writer changes only its own keys, in place, so that
-``update_topic_status`` writes nothing when nothing changed; ``since`` and ``decidedAt`` move
-only when the outcome or the decision does."""
+"""What the auto-scaler says in ``status.autoScale``: the outcome of an evaluation and the
+messages that explain it. The writes themselves are ``core.topicstatus.with_evaluation`` and
+``with_decision`` (and ``with_policy``, the reconcile pass's): each changes only its own keys,
+and ``since`` moves only when the outcome does, so repeated evaluations write nothing."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..core.evaluator import Suppression
 from ..core.policy import (
@@ -37,27 +35,6 @@ class Outcome:
     result: str
     reasons: tuple[str, ...] = ()
     message: str = ""
-
-
-def put_outcome(status: dict[str, Any], outcome: Outcome, now: str) -> None:
-    auto = status.setdefault("autoScale", {})
-    previous = auto.get("lastEvaluation") or {}
-    same = (
-        previous.get("result") == outcome.result
-        and list(previous.get("reasons") or []) == list(outcome.reasons)
-        and previous.get("message", "") == outcome.message
-    )
-    if not same:
-        auto["lastEvaluation"] = {
-            "result": outcome.result,
-            "reasons": list(outcome.reasons),
-            "message": outcome.message,
-            "since": now,
-        }
-
-
-def put_decision(status: dict[str, Any], decision: dict[str, Any]) -> None:
-    status.setdefault("autoScale", {})["lastDecision"] = decision
 
 
 def _from(resolution: Resolution, name: str) -> str:

@@ -29,6 +29,8 @@ from .policy import Resolution
 from .rebuild import request_after_rebuild
 from .resources import (
     REQUEST_HISTORY,
+    AutoScaleDecision,
+    AutoScaleEvaluation,
     AutoScaleStatus,
     Condition,
     ConditionType,
@@ -524,3 +526,29 @@ def with_policy(
         )
     auto = auto.model_copy(update={"problem": problem or None})
     return _update(status, auto_scale=auto)
+
+
+def with_evaluation(
+    status: ScalableTopicStatus, result: str, reasons: Sequence[str], message: str, now: float
+) -> ScalableTopicStatus:
+    """The auto-scaler's latest outcome (``autoScale.lastEvaluation``); unchanged while the
+    result, reasons and message are the same, so ``since`` is when this outcome began."""
+    auto = status.auto_scale or AutoScaleStatus()
+    previous = auto.last_evaluation
+    if (
+        previous is not None
+        and previous.result == result
+        and list(previous.reasons) == list(reasons)
+        and previous.message == message
+    ):
+        return status
+    evaluation = AutoScaleEvaluation(
+        result=result, reasons=list(reasons), message=message, since=format_time(now)
+    )
+    return _update(status, auto_scale=auto.model_copy(update={"last_evaluation": evaluation}))
+
+
+def with_decision(status: ScalableTopicStatus, decision: AutoScaleDecision) -> ScalableTopicStatus:
+    """The auto-scaler's last decision (``autoScale.lastDecision``)."""
+    auto = status.auto_scale or AutoScaleStatus()
+    return _update(status, auto_scale=auto.model_copy(update={"last_decision": decision}))
