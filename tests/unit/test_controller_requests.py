@@ -8,12 +8,11 @@ from typing import Any
 import pytest
 
 from scalable_topics.controller.requests import loose_request
+from scalable_topics.core import topicstatus as ts
 from scalable_topics.core.resources import (
     REQUEST_HISTORY,
     ResourceValidationError,
-    handled_request,
     parse_manual_request,
-    remember_request,
 )
 
 from .test_crds import _status_ok
@@ -30,38 +29,40 @@ def outcome(request_id: str, result: str = "Succeeded", **extra: Any) -> dict[st
     }
 
 
+def remembered(status: dict[str, Any]) -> dict[str, Any]:
+    return ts.apply_change(status, ts.remember_request)
+
+
+def handled(status: dict[str, Any], request_id: str) -> dict[str, Any] | None:
+    found = ts.find_handled(ts.read_status(status), request_id)
+    return None if found is None else found.model_dump(mode="json", by_alias=True)
+
+
 def test_last_request_is_folded_into_the_history_once() -> None:
-    status: dict[str, Any] = {"lastRequest": outcome("a")}
-    remember_request(status)
+    status = remembered({"lastRequest": outcome("a")})
     assert status["recentRequests"] == [outcome("a")]
-    before = [dict(e) for e in status["recentRequests"]]
-    remember_request(status)
-    assert status["recentRequests"] == before, "folding again changes nothing"
+    assert remembered(status) == status, "folding again changes nothing"
     status["lastRequest"] = outcome("b", "Rejected")
-    remember_request(status)
+    status = remembered(status)
     assert [e["id"] for e in status["recentRequests"]] == ["a", "b"]
     _status_ok(status)
 
 
 def test_nothing_to_fold() -> None:
-    status: dict[str, Any] = {}
-    remember_request(status)
-    assert status == {}
-    status = {"lastRequest": {"op": "split"}}
-    remember_request(status)
-    assert "recentRequests" not in status
+    assert remembered({}) == {}
+    assert remembered({"lastRequest": {"op": "split"}}) == {"lastRequest": {"op": "split"}}
 
 
 def test_the_history_is_bounded_and_drops_the_oldest() -> None:
     status: dict[str, Any] = {}
     for k in range(REQUEST_HISTORY + 4):
         status["lastRequest"] = outcome(f"r{k}")
-        remember_request(status)
+        status = remembered(status)
     ids = [e["id"] for e in status["recentRequests"]]
     assert ids == [f"r{k}" for k in range(4, REQUEST_HISTORY + 4)]
     _status_ok(status)
-    assert handled_request(status, "r3") is None, "beyond the history"
-    assert handled_request(status, "r4") == outcome("r4")
+    assert handled(status, "r3") is None, "beyond the history"
+    assert handled(status, "r4") == outcome("r4")
 
 
 def test_handled_request_finds_the_last_and_older_ones() -> None:
@@ -69,15 +70,14 @@ def test_handled_request_finds_the_last_and_older_ones() -> None:
         "recentRequests": [outcome("a"), outcome("b", "Failed")],
         "lastRequest": outcome("c", "Rejected"),
     }
-    assert handled_request(status, "c") == outcome("c", "Rejected")
-    assert handled_request(status, "b") == outcome("b", "Failed")
-    assert handled_request(status, "zzz") is None
-    assert handled_request({}, "a") is None
+    assert handled(status, "c") == outcome("c", "Rejected")
+    assert handled(status, "b") == outcome("b", "Failed")
+    assert handled(status, "zzz") is None
+    assert handled({}, "a") is None
 
 
 def test_long_messages_are_cut_in_the_history() -> None:
-    status: dict[str, Any] = {"lastRequest": outcome("a", message="x" * 5000)}
-    remember_request(status)
+    status = remembered({"lastRequest": outcome("a", message="x" * 5000)})
     assert len(status["recentRequests"][0]["message"]) == 256
     assert len(status["lastRequest"]["message"]) == 5000
 
@@ -104,6 +104,4 @@ def test_an_invalid_request_is_recorded_under_its_own_op(
         parse_manual_request(raw)
     assert loose_request(raw) == expected
     request_id, op = expected
-    status: dict[str, Any] = {"lastRequest": outcome(request_id, "Rejected", op=op)}
-    remember_request(status)
-    _status_ok(status)
+    _status_ok(remembered({"lastRequest": outcome(request_id, "Rejected", op=op)}))

@@ -19,13 +19,19 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from prometheus_client import Counter
 
 from ..brokeradmin import AdminError
 from ..core.jsontypes import JsonObj
-from ..core.resources import ManualRequest, format_time, remember_request
+from ..core.resources import (
+    LastRequest,
+    ManualRequest,
+    ManualRequestOp,
+    RequestResult,
+    format_time,
+)
+from ..core.topicstatus import with_request_outcome
 from ..core.transfer import (
     Action,
     BrokerView,
@@ -43,7 +49,7 @@ from .brokers import BrokerAdmin, BrokerPod, choose_broker
 from .cache import TopicCache, recorded_broker
 from .faults import crash_after, fault_point
 from .kube import Conflict, KubeApi
-from .status import update_topic_status
+from .status import change_topic_status
 
 log = logging.getLogger(__name__)
 
@@ -452,20 +458,19 @@ class TransferExecutor:
 
     async def _report(self, topic: JsonObj, request_id: str, result: str, message: str) -> JsonObj:
         meta = topic["metadata"]
-        now = format_time(self.clock())
-
-        def change(status: dict[str, Any], obj: JsonObj) -> None:
-            remember_request(status)
-            status["lastRequest"] = {
-                "id": request_id,
-                "op": "move",
-                "result": result,
-                "message": message[:1024],
-                "completedAt": now,
-            }
-
-        return await update_topic_status(
-            self.kube, meta["namespace"], meta["name"], change, topic=topic
+        outcome = LastRequest(
+            id=request_id,
+            op=ManualRequestOp.MOVE,
+            result=RequestResult(result),
+            message=message,
+            completed_at=format_time(self.clock()),
+        )
+        return await change_topic_status(
+            self.kube,
+            meta["namespace"],
+            meta["name"],
+            lambda status, _: with_request_outcome(status, outcome),
+            topic=topic,
         )
 
     async def _write(self, segment: JsonObj, status: JsonObj) -> None:

@@ -82,9 +82,7 @@ from .requests import (
     ManualRequest,
     ManualRequestOp,
     RequestResult,
-    handled_request,
     parse_manual_request,
-    remember_request,
 )
 from .segment import (
     BrokerRef,
@@ -199,7 +197,6 @@ __all__ = [
     "condition",
     "format_time",
     "get_condition",
-    "handled_request",
     "layout_status",
     "parse_manual_request",
     "parse_segment",
@@ -207,7 +204,6 @@ __all__ = [
     "parse_time",
     "parse_topic",
     "parse_topic_spec",
-    "remember_request",
     "segment_labels",
     "segment_manifest",
     "segment_name",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
@@ -104,37 +103,3 @@ def parse_manual_request(text: str | None) -> ManualRequest:
     except json.JSONDecodeError as exc:
         raise ResourceValidationError(what, [("", f"not JSON: {exc}")]) from None
     return _validate(ManualRequest, data, what, "")
-
-
-def handled_request(status: Mapping[str, Any], request_id: str) -> dict[str, Any] | None:
-    """The recorded outcome of manual request ``request_id`` if the topic already handled it
-    (``status.lastRequest`` or one of ``status.recentRequests``), else ``None``."""
-    last = status.get("lastRequest")
-    if isinstance(last, Mapping) and last.get("id") == request_id:
-        return dict(last)
-    for entry in status.get("recentRequests") or []:
-        if isinstance(entry, Mapping) and entry.get("id") == request_id:
-            return dict(entry)
-    return None
-
-
-def remember_request(status: dict[str, Any], limit: int = REQUEST_HISTORY) -> None:
-    """Fold ``status.lastRequest`` into ``status.recentRequests`` (in place): appended when its
-    id is not there yet, oldest entries dropped beyond ``limit``. Whoever records an outcome in
-    ``lastRequest`` only (the split/merge protocol's commit) is caught up by the next call, which
-    the leader makes before it starts any other request."""
-    last = status.get("lastRequest")
-    if not isinstance(last, Mapping) or not last.get("id"):
-        return
-    history = [
-        dict(e)
-        for e in status.get("recentRequests") or []
-        if isinstance(e, Mapping) and e.get("id")
-    ]
-    if any(e["id"] == last["id"] for e in history):
-        return
-    entry = {k: last[k] for k in ("id", "op", "result", "message", "completedAt") if k in last}
-    if isinstance(entry.get("message"), str):
-        entry["message"] = entry["message"][:256]
-    history.append(entry)
-    status["recentRequests"] = history[-limit:]
