@@ -244,11 +244,11 @@ def _settled(recorder: Recorder, since: float, reads: int) -> Callable[[], list[
     return probe
 
 
-async def _wait_dag(url: str, within: float) -> None:
+async def _wait_dag(url: str, within: float, topic: str = TOPIC) -> None:
     """Until the replica at ``url`` serves the topic's DAG (a follower's cache may lag)."""
     deadline = asyncio.get_running_loop().time() + within
     while True:
-        watcher = DagWatcher(url, NAMESPACE, TOPIC)
+        watcher = DagWatcher(url, NAMESPACE, topic)
         try:
             dag = await watcher.start(within=10)
             if dag.segments and len(dag.brokers()) == len(dag.segments):
@@ -258,7 +258,7 @@ async def _wait_dag(url: str, within: float) -> None:
         finally:
             await watcher.close()
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{url} did not serve the DAG of {TOPIC} within {within:g} s")
+            raise AssertionError(f"{url} did not serve the DAG of {topic} within {within:g} s")
         await asyncio.sleep(0.2)
 
 

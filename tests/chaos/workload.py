@@ -119,7 +119,17 @@ class Recorder:
 
     # -- reads ------------------------------------------------------------------------------------
 
-    def delivered(self, subscription: str, consumer: str, session: int, message: Message) -> None:
+    def delivered(
+        self,
+        subscription: str,
+        consumer: str,
+        session: int,
+        message: Message,
+        at: float | None = None,
+    ) -> None:
+        """``message`` reached the application of ``consumer`` at ``at`` (default: now; a
+        consumer in another process reports its own time, on the machine's one monotonic
+        clock, so that the pipe's delay does not reorder deliveries across consumers)."""
         value = decode_value(message.value)
         key = message.key or ""
         self.deliveries.append(
@@ -129,7 +139,7 @@ class Recorder:
                 session,
                 key,
                 value,
-                self.clock(),
+                self.clock() if at is None else at,
                 message.segment_id,
                 message.position,
                 message.batch_index,
