@@ -8,6 +8,9 @@
   consumer restarts).
 - :mod:`tests.chaos.scenario` — the whole run on the embedded control plane, shared by
   ``tests/integration/test_chaos.py`` and ``bench/chaos.py``.
+- :mod:`tests.chaos.consumer` — stream or checkpoint consumers in a process of their own.
+- :mod:`tests.chaos.keyshared` — the key-shared run (PIP-486): consumers scaling 1 → 12 → 3
+  through a split, a rollover and a merge, with SIGKILLs (``test_chaos_keyshared.py``).
 
 See ``docs/correctness.md``.
 """
