@@ -42,7 +42,7 @@ async def test_keyshared_consumers_scale_through_split_rollover_merge_and_sigkil
         "merge",
     ], text
     assert result.drained, text
-    assert report.sends["ok"] > 3000, text
+    assert report.sends["ok"] > 1500, text  # 3 x 240 behind + the settles, at the least
     assert report.lost == 0, text
     assert report.reordered == 0, text
     assert report.skips == 0, text
