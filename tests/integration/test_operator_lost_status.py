@@ -133,7 +133,13 @@ async def delete_segments(stack: Stack, name: str, ids: list[int]) -> None:
 
 
 async def events(stack: Stack, name: str, reason: str) -> list[str]:
-    return [e["message"] for e in await stack.events(name) if e["reason"] == reason]
+    """The messages of the topic's ``reason`` events, once there is one: the operator posts an
+    event after the status write the tests wait for, so a list read at once may miss it."""
+
+    async def posted() -> list[str]:
+        return [e["message"] for e in await stack.events(name) if e["reason"] == reason]
+
+    return await eventually(posted, 30, f"a {reason} event")
 
 
 async def rebuilds(stack: Stack, name: str, outcome: str) -> float:
