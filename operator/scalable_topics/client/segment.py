@@ -639,6 +639,7 @@ class SegmentConsumer:
         session: aiohttp.ClientSession | None = None,
     ) -> SegmentConsumer:
         sess = _Session(session)
+        ws: aiohttp.ClientWebSocketResponse | None = None
         try:
             ws = await ws_connect(
                 sess.session,
@@ -656,6 +657,12 @@ class SegmentConsumer:
                 },
             )
         except BaseException:
+            # Cancelled mid-handshake (a hand-over stops the reader): a connection left open
+            # would keep this consumer attached - and its buckets held - until the broker's
+            # heartbeat gave up on it.
+            if ws is not None:
+                with contextlib.suppress(Exception):
+                    await ws.close()
             await sess.close()
             raise
         return cls(ws, sess, hello, permits)
