@@ -15,9 +15,9 @@ the step's end):
 1. **split** of the lowest segment, by the request annotation (one consumer per subscription),
    while the consumers are paused until 240 messages behind (the parent holds unread entries of
    keys its children receive at once: a child read too early is a reordering);
-2. **scale to 12** per subscription, the first consumer of each 240 messages behind (the
-   children's buckets go to new consumers, which must wait for the parents' backlog): once all
-   24 are registered the auto-scaler is turned on
+2. **scale to 12** per subscription; once all 24 are registered they pause until 240 messages
+   behind (the children's buckets go to other consumers, which must wait for the parents'
+   backlog) and the auto-scaler is turned on
    (``autoScale.enabled``, off otherwise): 12 consumers outnumber the 3 active segments' 3
    buckets at ``maxSegments``, so the evaluator rolls every active segment over to 4 buckets
    (:func:`~scalable_topics.core.evaluator.decide`: the one rollover path, the request
@@ -51,9 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from scalable_topics.core.layout import SegmentLayout
 from tests.integration.operator_harness import Stack, operator_stack
 
-from .checker import CheckReport, Outcome, check
+from .checker import CheckReport, History, Outcome, check
 from .consumer import ConsumerProcess
 from .nemesis import Nemesis, Step
 from .scenario import _settled, _unread, _until, _wait_dag, service_url
@@ -103,6 +104,9 @@ class KeySharedResult:
     acked: int
     drained: bool
     history_path: Path
+    longest_waits: dict[str, tuple[float, str]] = field(default_factory=dict)
+    """Per subscription: the longest time an acknowledged message waited from its
+    acknowledgement to its first delivery, and which (liveness: the pauses account for ~2 s)."""
     notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -112,9 +116,39 @@ class KeySharedResult:
             f"readers at {self.config.peak}: {self.readers_at_peak}; buckets after the rollover "
             f"{self.buckets_at_peak}"
         )
+        out.extend(
+            f"longest wait ack -> first delivery on {sub}: {wait:.1f} s ({what})"
+            for sub, (wait, what) in self.longest_waits.items()
+        )
         out.extend(self.notes)
         out.append(self.report.summary())
         return out
+
+
+def longest_waits(history: History) -> dict[str, tuple[float, str]]:
+    """See :attr:`KeySharedResult.longest_waits`."""
+    acked = {
+        (s.key, s.value): s.completed
+        for s in history.sends
+        if s.outcome is Outcome.OK and s.completed is not None
+    }
+    start = min((d.time for d in history.deliveries), default=0.0)
+    seen: set[tuple[str, str, int]] = set()
+    worst: dict[str, tuple[float, str]] = {}
+    for d in sorted(history.deliveries, key=lambda d: d.time):
+        slot = (d.subscription, d.key, d.value)
+        at = acked.get((d.key, d.value))
+        if slot in seen or at is None:
+            continue
+        seen.add(slot)
+        wait = d.time - at
+        if wait > worst.get(d.subscription, (-1.0, ""))[0]:
+            worst[d.subscription] = (
+                wait,
+                f"{d.key}={d.value} acknowledged at +{at - start:.1f} s, first read by "
+                f"{d.consumer} from segment {d.segment}",
+            )
+    return worst
 
 
 def topic_spec(grace: str) -> dict[str, Any]:
@@ -289,29 +323,27 @@ async def _autoscale(stack: Stack, enabled: bool) -> None:
     )
 
 
-async def _rollover(nemesis: Nemesis, groups: list[_Group], peak: int) -> Step:
-    """Register ``peak`` consumers per subscription, then turn the auto-scaler on for one
-    rollover (on while they registered, it would roll over once per evaluation as the count
-    grew) and off again."""
-    before = await nemesis.layout()
-    started = nemesis.recorder.clock()
-    await asyncio.gather(*(g.scale(peak) for g in groups))
+async def _rollover(nemesis: Nemesis, before: SegmentLayout) -> Step:
+    """Turn the auto-scaler on for one rollover and off again (on while the consumers
+    registered, it would roll over once per evaluation as their count grew)."""
     await _autoscale(nemesis.stack, True)
     try:
-        step = await nemesis.wait_layout_change(before, within=60)
+        return await nemesis.wait_layout_change(before, within=60)
     finally:
         await _autoscale(nemesis.stack, False)
-    step.started = started
-    return step
 
 
 async def _scale_out(
     nemesis: Nemesis, groups: list[_Group], config: KeySharedConfig, peak: int
 ) -> Step:
-    """The rollover while the consumers already running are behind: the children's buckets go
-    to the new consumers, which must not read them before the parents are drained."""
+    """Register ``peak`` consumers per subscription, then the rollover while they are behind:
+    the children's buckets go to consumers that must not read them before the parents'
+    backlog is drained."""
     before = await nemesis.layout()
-    step = await _behind(nemesis, groups, config, _rollover(nemesis, groups, peak))
+    started = nemesis.recorder.clock()
+    await asyncio.gather(*(g.scale(peak) for g in groups))
+    step = await _behind(nemesis, groups, config, _rollover(nemesis, before))
+    step.started = started
     step.name = f"scale-to-{peak}"
     after = step.data.pop("layout")
     ranges = {after.get(c).hash_range for c in step.children}
@@ -323,7 +355,7 @@ async def _scale_out(
     step.detail = (
         f"{peak} consumers per subscription over {len(before.active())} segments of one bucket, "
         f"auto-scaler on: rollover {list(step.parents)} -> {list(step.children)}, buckets now "
-        f"{buckets}; the first consumers {config.backlog} messages behind"
+        f"{buckets}; consumers {config.backlog} messages behind"
     )
     return step
 
@@ -466,5 +498,6 @@ async def _run(stack: Stack, tmp_path: Path, config: KeySharedConfig) -> KeyShar
         acked=sum(1 for s in history.sends if s.outcome is Outcome.OK),
         drained=drained,
         history_path=history_path,
+        longest_waits=longest_waits(history),
         notes=notes,
     )
