@@ -79,6 +79,10 @@ class Coordinator(Generic[K]):
         self._owner: dict[K, str] = {}
         self._blocked: dict[int, tuple[int, ...]] = {}
         self._consumable: frozenset[int] = frozenset()
+        self._last: _Snapshot | None = None
+        """The snapshot the last event ended with: the state has not changed since (an event
+        clears it before it changes anything), so the next event starts from it instead of
+        rebuilding every consumer's view."""
         self._reconcile(was_consumable=frozenset())
 
     # -- what subclasses define ---------------------------------------------------------------
@@ -331,7 +335,8 @@ class Coordinator(Generic[K]):
     ) -> CoordinatorResult:
         """Expire what ran out at ``now``, apply ``change`` (it returns a rejection, if any) and
         reconcile; the result compares the state before and after."""
-        before = self._snapshot()
+        before = self._last or self._snapshot()
+        self._last = None
         expired = self._expire(now)
         rejected = change() if change is not None else None
         return self._finish(before, expired, force_push=force_push, rejected=rejected)
@@ -437,6 +442,7 @@ class Coordinator(Generic[K]):
     ) -> CoordinatorResult:
         self._reconcile(was_consumable=before.consumable)
         after = self._snapshot()
+        self._last = after
 
         changes: list[AssignmentChange] = []
         push: list[PushEffect] = []
@@ -493,6 +499,7 @@ class Coordinator(Generic[K]):
         segment that only became consumable now has not been read by anyone yet (or only just),
         so balancing prefers to move it over one a consumer has been reading.
         """
+        self._last = None
         segments = self._layout.segments
         # Keep counts of the layout's segments and of segments it does not have yet (the DAG
         # may announce them first).

@@ -82,6 +82,14 @@ class SubscriptionCoordinator(Coordinator[int]):
         """Owner of every unit of every consumable segment with a primary (withheld or not)."""
         self._held: dict[str, dict[int, tuple[int, ...]]] = {}
         """Consumer -> consumable segment -> the buckets it reads now (not withheld)."""
+        self._releasing: dict[str, tuple[Unit, ...]] = {}
+        """``_withheld`` by previous owner, sorted (each consumer's view lists its own)."""
+        self._views: dict[str, tuple[object, ConsumerAssignment]] = {}
+        """Consumer -> (what its view was built from, the view): each event compares every
+        consumer's view before and after, most of them unchanged."""
+        self._view_context: object = None
+        """What every view is built from (layout, consumability, readiness, bucket counts):
+        the cached views are dropped when it changes."""
         self.reassignments = 0
         """Units that changed owner since this coordinator was made (a counter)."""
         self.reassignments_by_segment: dict[int, int] = {}
@@ -215,6 +223,7 @@ class SubscriptionCoordinator(Coordinator[int]):
             for unit in units:
                 if self._withheld.get(unit) == name:
                     del self._withheld[unit]
+            self._index_withheld()
 
         return self._event(now, apply)
 
@@ -274,8 +283,13 @@ class SubscriptionCoordinator(Coordinator[int]):
     def _view(self, name: str, held: Mapping[int, Sequence[int]]) -> ConsumerAssignment:
         """The primary's segments not consumable yet are whole; a consumable segment appears
         with the buckets ``name`` reads (``None``: all of them)."""
-        segments = self._layout.segments
         units = self._held.get(name, {})
+        releasing = self._releasing.get(name, ())
+        key = (tuple(held), units, releasing)
+        cached = self._views.get(name)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        segments = self._layout.segments
         ids = {i for i in held if i not in self._consumable} | set(units)
         entries = []
         for i in self._topo(ids):
@@ -292,8 +306,19 @@ class SubscriptionCoordinator(Coordinator[int]):
                     ready_buckets=self._ready.get(i, ()) if i in held else (),
                 )
             )
-        releasing = tuple(sorted(u for u, n in self._withheld.items() if n == name))
-        return ConsumerAssignment(name, self._layout.epoch, tuple(entries), releasing)
+        view = ConsumerAssignment(name, self._layout.epoch, tuple(entries), releasing)
+        self._views[name] = (key, view)
+        return view
+
+    def _learn_buckets(self, buckets: Mapping[int, int]) -> None:
+        self._views = {}
+        super()._learn_buckets(buckets)
+
+    def _index_withheld(self) -> None:
+        releasing: dict[str, list[Unit]] = {}
+        for unit, name in sorted(self._withheld.items()):
+            releasing.setdefault(name, []).append(unit)
+        self._releasing = {n: tuple(units) for n, units in releasing.items()}
 
     def _reconcile(self, *, was_consumable: frozenset[int]) -> None:
         super()._reconcile(was_consumable=was_consumable)
@@ -303,6 +328,19 @@ class SubscriptionCoordinator(Coordinator[int]):
         }
         self._ready = self._compute_ready()
         self._share()
+        context = (
+            self._layout.epoch,
+            self._layout,
+            self._consumable,
+            self._blocked,
+            self._ready,
+            dict(self._buckets),
+        )
+        if context != self._view_context:
+            self._views = {}
+            self._view_context = context
+        else:
+            self._views = {n: v for n, v in self._views.items() if n in self._sessions}
 
     def _compute_ready(self) -> dict[int, tuple[int, ...]]:
         segments = self._layout.segments
@@ -354,13 +392,14 @@ class SubscriptionCoordinator(Coordinator[int]):
                 shares[(s, b)] = n
         self._rehome_orphans(shares, primary, counts, live)
         # A helper reads one segment: keep the one where it has the most buckets.
-        helping: dict[str, int] = {}
-        for n in set(shares.values()):
-            mine = [s for (s, _), m in shares.items() if m == n]
-            helping[n] = max(set(mine), key=lambda s: (mine.count(s), -s))
+        helped: dict[str, Counter[int]] = {}
+        for (s, _), n in shares.items():
+            helped.setdefault(n, Counter())[s] += 1
+        helping = {n: max(c, key=lambda s: (c[s], -s)) for n, c in helped.items()}
         shares = {u: n for u, n in shares.items() if helping[n] == u[0]}
         # A segment all of whose buckets are with helpers was taken over from its primary.
-        taken = {s for s in primary if sum(1 for u in shares if u[0] == s) == counts[s]}
+        shared = Counter(s for s, _ in shares)
+        taken = {s for s in primary if shared[s] == counts[s]}
         readers: dict[int, set[str]] = {s: set() if s in taken else {primary[s]} for s in primary}
         for (s, _), n in shares.items():
             readers[s].add(n)
@@ -419,6 +458,7 @@ class SubscriptionCoordinator(Coordinator[int]):
             if before in sessions and unit not in withheld:
                 withheld[unit] = before
         self._withheld = withheld
+        self._index_withheld()
         self._effective = effective
         self._shares = {u: n for u, n in effective.items() if n != primary[u[0]]}
         held: dict[str, dict[int, list[int]]] = {}
