@@ -282,6 +282,9 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/correctness.md", ".venv/bin/pytest -s tests/integration/test_chaos.py"): (
         "part of this suite"
     ),
+    ("docs/correctness.md", ".venv/bin/pytest -s tests/integration/test_chaos_keyshared.py"): (
+        "part of this suite"
+    ),
     ("docs/correctness.md", ".venv/bin/python -m bench.run --only chaos"): BENCH,
     ("docs/correctness.md", ".venv/bin/python -m bench.chaos --runs 3"): BENCH,
     (
