@@ -7,7 +7,11 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 
 from scalable_topics.controller import metrics
+from scalable_topics.controller.app import LedOperations
+from scalable_topics.controller.cache import TopicCache
+from scalable_topics.core.jsontypes import JsonObj
 from scalable_topics.core.layout import SegmentLayout
+from scalable_topics.core.resources import format_time
 from segment_broker.metrics import BrokerMetrics
 
 NS, TOPIC = "metrics-ns", "metrics-topic"
@@ -56,18 +60,38 @@ def test_observing_a_layout_sets_the_gauges_and_starts_the_counters_at_zero() ->
     metrics.forget_topic(NS, "other")
 
 
-def test_operations_in_progress_come_from_the_source_at_each_scrape() -> None:
+def _topic(name: str, operation: dict[str, str]) -> JsonObj:
+    return {"metadata": {"namespace": NS, "name": name}, "status": {"operation": operation}}
+
+
+def test_operations_in_progress_come_from_the_led_topics_in_the_cache_at_each_scrape() -> None:
     name = "scalable_topic_operation_started_timestamp_seconds"
     labels = {**LABELS, "kind": "split", "phase": "ChildrenCreated"}
-    previous = metrics.OPERATIONS_IN_PROGRESS.source
-    running = [metrics.OperationInProgress(NS, TOPIC, "split", "ChildrenCreated", 1700000000.0)]
-    metrics.OPERATIONS_IN_PROGRESS.source = lambda: list(running)
-    try:
-        assert _value(name, labels) == 1700000000.0
-        running.clear()
-        assert _value(name, labels) is None
-    finally:
-        metrics.OPERATIONS_IN_PROGRESS.source = previous
+    op = {"kind": "split", "phase": "ChildrenCreated", "startedAt": format_time(1700000000.0)}
+    cache = TopicCache(controller_url=lambda namespace, topic: "")
+    cache.put_topic(_topic(TOPIC, op))
+    cache.put_topic(_topic("unreadable", {**op, "startedAt": "yesterday"}))
+    cache.put_topic(_topic("idle", {}))
+    led = {TOPIC, "unreadable", "idle"}
+    source = LedOperations(cache, lambda namespace, topic: topic in led)
+    assert _value(name, labels) == 1700000000.0
+    series = [
+        s.labels["topic"]
+        for family in REGISTRY.collect()
+        if family.name == name
+        for s in family.samples
+        if s.labels["namespace"] == NS
+    ]
+    assert series == [TOPIC], "only the readable operation has a series"
+    led.clear()
+    assert _value(name, labels) is None, "a topic no longer led loses its series"
+    led.add(TOPIC)
+    cache.put_topic(_topic(TOPIC, {}))
+    assert _value(name, labels) is None, "a finished operation loses its series"
+    cache.put_topic(_topic(TOPIC, op))
+    assert _value(name, labels) == 1700000000.0
+    del source
+    assert _value(name, labels) is None, "a replica gone takes its series with it"
 
 
 def test_fenced_handshake_outcomes_exist_before_the_first_one() -> None:

@@ -11,6 +11,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -112,6 +113,36 @@ class ControllerSettings:
         return self.url.replace("{pod_dns}", pod_dns)
 
 
+class LedOperations:
+    """The operations recorded in the status of topics this replica leads, as
+    ``scalable_topic_operation_started_timestamp_seconds`` reads them at each scrape (it
+    holds this source weakly from construction on: the replica keeps it alive)."""
+
+    def __init__(self, cache: TopicCache, leads: Callable[[str, str], bool]) -> None:
+        self._cache = cache
+        self._leads = leads
+        metrics.OPERATIONS_IN_PROGRESS.sources.add(self)
+
+    def operations_in_progress(self) -> list[metrics.OperationInProgress]:
+        """An operation without a readable ``startedAt``, written before it existed, is left
+        out."""
+        found = []
+        for (namespace, name), topic in list(self._cache.topics.items()):
+            op = (topic.get("status") or {}).get("operation") or {}
+            if not op or not self._leads(namespace, name):
+                continue
+            try:
+                started = parse_time(str(op.get("startedAt", "")))
+            except ValueError:
+                continue
+            found.append(
+                metrics.OperationInProgress(
+                    namespace, name, str(op.get("kind")), str(op.get("phase")), started
+                )
+            )
+        return found
+
+
 class Controller:
     """One replica. ``run()`` serves until ``stop()``."""
 
@@ -151,7 +182,7 @@ class Controller:
             broker_scheme=s.broker_scheme,
             on_broker_change=self._brokers_changed,
         )
-        metrics.OPERATIONS_IN_PROGRESS.source = self._operations_in_progress
+        self.led_operations = LedOperations(self.cache, self.leadership.leads)
         self.brokers = BrokerAdmin(
             token=s.broker_token, token_file=s.broker_token_file, ca_file=s.tls_ca_file
         )
@@ -227,25 +258,6 @@ class Controller:
         metrics.observe_layout(namespace, name, layout)
         self.hub.layout_changed(namespace, name, layout)
         self.queue.add((namespace, name))
-
-    def _operations_in_progress(self) -> list[metrics.OperationInProgress]:
-        """The operations recorded in the status of topics this replica leads (an operation
-        without a readable ``startedAt``, written before it existed, is left out)."""
-        found = []
-        for (namespace, name), topic in list(self.cache.topics.items()):
-            op = (topic.get("status") or {}).get("operation") or {}
-            if not op or not self.leadership.leads(namespace, name):
-                continue
-            try:
-                started = parse_time(str(op.get("startedAt", "")))
-            except ValueError:
-                continue
-            found.append(
-                metrics.OperationInProgress(
-                    namespace, name, str(op.get("kind")), str(op.get("phase")), started
-                )
-            )
-        return found
 
     def _controller_ref(self, namespace: str, name: str) -> dict[str, Any]:
         return {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple, Protocol
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -127,10 +127,15 @@ class OperationInProgress(NamedTuple):
     """Unix seconds of ``status.operation.startedAt``."""
 
 
+class OperationsSource(Protocol):
+    def operations_in_progress(self) -> Iterable[OperationInProgress]: ...
+
+
 class _OperationsInProgress(Collector):
     """``scalable_topic_operation_started_timestamp_seconds``: one series per split, merge or
-    rebucket recorded in a led topic's ``status.operation``, read at each scrape from
-    :attr:`source` (the leader's topic cache), so a stuck operation keeps its series and a
+    rebucket recorded in a led topic's ``status.operation``, read at each scrape from the
+    ``sources`` of this replica (each adds itself when built: the leader's topic cache, read
+    through ``controller.app.LedOperations``), so a stuck operation keeps its series and a
     finished or rolled-back one loses it without anyone having to remember to remove it."""
 
     NAME = "scalable_topic_operation_started_timestamp_seconds"
@@ -140,7 +145,7 @@ class _OperationsInProgress(Collector):
     )
 
     def __init__(self) -> None:
-        self.source: Callable[[], Iterable[OperationInProgress]] = tuple
+        self.sources: weakref.WeakSet[OperationsSource] = weakref.WeakSet()
 
     def _family(self) -> GaugeMetricFamily:
         return GaugeMetricFamily(self.NAME, self.DOC, labels=[*TOPIC_LABELS, "kind", "phase"])
@@ -150,8 +155,9 @@ class _OperationsInProgress(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = self._family()
-        for op in self.source():
-            family.add_metric([op.namespace, op.topic, op.kind, op.phase], op.started)
+        for source in list(self.sources):
+            for op in source.operations_in_progress():
+                family.add_metric([op.namespace, op.topic, op.kind, op.phase], op.started)
         yield family
 
 
