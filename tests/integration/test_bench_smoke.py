@@ -56,3 +56,7 @@ def test_quick_bench_runs_the_peers_and_stops_them(tmp_path: Path) -> None:
     assert "NATS JetStream" in markdown
     assert "Redis Streams" in markdown
     assert "ack before fsync" in markdown
+    for payload in ("100", "1024"):
+        name = f"broker-latency-{payload}B.png"
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({name})" in markdown
