@@ -1,7 +1,7 @@
-"""The broker's subscription types and how they relate to a topic's.
+"""A topic's subscription types, the broker's, and how they relate.
 
-A topic's spec names a subscription ``Stream`` or ``Queue``
-(:class:`~scalable_topics.core.resources.SubscriptionType`); the segment broker keeps, per
+A topic's spec names a subscription ``Stream`` or ``Queue`` (:class:`SubscriptionType`, also
+exported by :mod:`scalable_topics.core.resources`); the segment broker keeps, per
 segment, a cursor of one of the dispatch types below. The controller creates a segment's
 subscriptions from the spec and reads them back from broker stats (a rebuilt or split topic
 inherits what its parents' brokers know), so both directions go through this module.
@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import enum
 
-from .resources import SubscriptionType
+
+class SubscriptionType(enum.StrEnum):
+    """``Stream``: ordered, each active segment read by one consumer (sticky or round-robin).
+    ``Queue``: shared, messages dispatched to any consumer with per-key order kept by entry
+    buckets (PIP-486)."""
+
+    STREAM = "Stream"
+    QUEUE = "Queue"
 
 
 class BrokerSubscriptionType(enum.StrEnum):

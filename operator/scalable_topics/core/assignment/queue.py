@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..layout import SegmentLayout
+from ..subscriptions import SubscriptionType
 from .base import Coordinator
 from .model import (
     DEFAULT_GRACE_PERIOD,
@@ -46,7 +47,7 @@ class QueueCoordinator(Coordinator[Unit]):
 
     def to_status(self) -> dict[str, Any]:
         """As :meth:`Coordinator.to_status`, plus ``"type": "Queue"``."""
-        return {**super().to_status(), "type": "Queue"}
+        return {**super().to_status(), "type": SubscriptionType.QUEUE.value}
 
     @classmethod
     def from_status(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from ..assignment import AssignmentStrategy
 from ..operation import OperationKind
+from ..subscriptions import SubscriptionType
 from .autoscale import AutoScaleDecision, AutoScaleEvaluation, AutoScaleOverride, AutoScaleStatus
 from .common import (
     CONDITION_TYPE_PATTERN,
@@ -113,7 +114,6 @@ from .topic import (
     ScalableTopicStatus,
     SubscriptionSpec,
     SubscriptionStatus,
-    SubscriptionType,
     layout_status,
     parse_topic,
     parse_topic_spec,

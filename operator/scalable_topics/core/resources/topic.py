@@ -25,6 +25,7 @@ from ..policy import (
     resolve_policy,
 )
 from ..retention import RetentionRule
+from ..subscriptions import SubscriptionType
 from .autoscale import AutoScaleOverride, AutoScaleStatus
 from .common import (
     SUBSCRIPTION_NAME_PATTERN,
@@ -41,15 +42,6 @@ from .common import (
 from .conditions import Condition
 from .names import MAX_BUCKETS, MAX_INITIAL_SEGMENTS, MAX_SUBSCRIPTIONS, topic_name_problem
 from .requests import REQUEST_HISTORY, LastRequest
-
-
-class SubscriptionType(enum.StrEnum):
-    """``Stream``: ordered, each active segment read by one consumer (sticky or round-robin).
-    ``Queue``: shared, messages dispatched to any consumer with per-key order kept by entry
-    buckets (PIP-486)."""
-
-    STREAM = "Stream"
-    QUEUE = "Queue"
 
 
 class OperationSource(enum.StrEnum):
