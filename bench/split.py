@@ -23,6 +23,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 from bench.report import Report
 
 TARGET_P99_MS = 50.0
+STALL_MS = 5.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,25 @@ class SplitSample:
     windows_ms: list[float] = field(default_factory=list)
     excess_ms: list[float] = field(default_factory=list)
     rerouted: int = 0
+    stages: Stages | None = None
+
+
+@dataclass
+class Stages:
+    """One split's timeline, in ms from the start of the parent's terminate call.
+
+    ``sealed``: the admin call returned (the broker fsynced the seal marker); ``sealed_frame``:
+    the producer had handled the ``SEALED`` frame (its re-route count went up); ``activated``:
+    the last child's activate call returned (its broker releases the producer's held
+    handshake then); ``first_ack``: the first acknowledgement on a child. ``stalled``: how long
+    this process's event loop (producer, admin client and session server share it) did not run
+    between the seal and the first child ack, in gaps over :data:`STALL_MS`."""
+
+    sealed: float
+    sealed_frame: float
+    activated: float
+    first_ack: float
+    stalled: float
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -59,6 +80,67 @@ def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
     return ordered[index]
+
+
+def _timed(
+    fn: Callable[..., Awaitable[Any]], name: str, calls: dict[tuple[str, int], tuple[float, float]]
+) -> Callable[..., Awaitable[Any]]:
+    """``fn`` (an admin call whose 4th argument is the segment id), noting when it started and
+    returned under ``(name, segment id)``."""
+
+    @functools.wraps(fn)
+    async def timed(namespace: str, topic: str, segment_id: int, *args: Any) -> Any:
+        started = time.monotonic()
+        result = await fn(namespace, topic, segment_id, *args)
+        calls[name, segment_id] = (started, time.monotonic())
+        return result
+
+    return timed
+
+
+async def _watch(
+    producer: Any, stop: asyncio.Event, reroutes: list[float], stalls: list[tuple[float, float]]
+) -> None:
+    """Every ~1 ms until ``stop``: when the producer's re-route count went up, and the gaps
+    over :data:`STALL_MS` in which this event loop did not run."""
+    seen = producer.reroutes
+    last = time.monotonic()
+    while not stop.is_set():
+        await asyncio.sleep(0.001)
+        now = time.monotonic()
+        if now - last > STALL_MS / 1000.0:
+            stalls.append((last, now))
+        last = now
+        while seen < producer.reroutes:
+            reroutes.append(now)
+            seen += 1
+
+
+def _stages(
+    sample: SplitSample,
+    calls: dict[tuple[str, int], tuple[float, float]],
+    reroutes: list[float],
+    stalls: list[tuple[float, float]],
+    acks: dict[str, list[tuple[float, int]]],
+) -> Stages | None:
+    terminate = calls.get(("terminate", sample.parent))
+    activates = [calls["activate", c] for c in sample.children if ("activate", c) in calls]
+    child_acks = [t for history in acks.values() for t, s in history if s in sample.children]
+    if terminate is None or not activates or not child_acks:
+        return None
+    t0 = terminate[0]
+    first_ack = min(child_acks)
+    frame = min((t for t in reroutes if t >= t0), default=float("nan"))
+    stalled = sum(
+        max(0.0, min(b, first_ack) - max(a, terminate[1])) for a, b in stalls if b > terminate[1]
+    )
+    return Stages(
+        sealed=1000.0 * (terminate[1] - t0),
+        sealed_frame=1000.0 * (frame - t0),
+        activated=1000.0 * (max(end for _, end in activates) - t0),
+        first_ack=1000.0 * (first_ack - t0),
+        stalled=1000.0 * stalled,
+    )
 
 
 async def _measure(mode: Mode, base: Path) -> tuple[list[SplitSample], dict[str, Any]]:
@@ -73,6 +155,10 @@ async def _measure(mode: Mode, base: Path) -> tuple[list[SplitSample], dict[str,
         )
         try:
             await env.create(2)
+            calls: dict[tuple[str, int], tuple[float, float]] = {}
+            for admin in env.admins.values():
+                for name in ("terminate", "activate"):
+                    setattr(admin, name, _timed(getattr(admin, name), name, calls))
             keys = [f"key-{i}" for i in range(mode.keys)]
             acks: dict[str, list[tuple[float, int]]] = defaultdict(list)
             latencies: list[float] = []
@@ -107,6 +193,9 @@ async def _measure(mode: Mode, base: Path) -> tuple[list[SplitSample], dict[str,
                         await asyncio.sleep(0.001)
 
                 sender = asyncio.create_task(send())
+                reroutes: list[float] = []
+                stalls: list[tuple[float, float]] = []
+                watcher = asyncio.create_task(_watch(producer, stop, reroutes, stalls))
                 samples: list[SplitSample] = []
                 await asyncio.sleep(mode.settle)
                 for _ in range(mode.splits):
@@ -118,6 +207,7 @@ async def _measure(mode: Mode, base: Path) -> tuple[list[SplitSample], dict[str,
                     samples[-1].rerouted = producer.reroutes - before
                 stop.set()
                 await sender
+                await watcher
                 await producer.flush()
             interval_ms = 1000.0 * mode.keys / mode.rate
             for sample in samples:
@@ -133,6 +223,7 @@ async def _measure(mode: Mode, base: Path) -> tuple[list[SplitSample], dict[str,
                     window = 1000.0 * (min(on_child) - max(on_parent))
                     sample.windows_ms.append(window)
                     sample.excess_ms.append(max(0.0, window - interval_ms))
+                sample.stages = _stages(sample, calls, reroutes, stalls, acks)
             extra = {
                 "errors": len(errors),
                 "latency_p50_ms": 1000.0 * _pct(latencies, 0.5),
@@ -178,6 +269,36 @@ async def run(report: Report, quick: bool) -> None:
             for s in samples
         ],
     )
+    staged = [s for s in samples if s.stages is not None]
+    section.table(
+        "Where a split's window goes (ms from the start of the parent's terminate call)",
+        [
+            "parent",
+            "seal fsynced (terminate returns)",
+            "SEALED handled by the producer",
+            "children activated (held handshakes released)",
+            "first child ack",
+            "event-loop stall in it",
+            "window p50",
+        ],
+        [
+            [
+                s.parent,
+                round(s.stages.sealed, 1),
+                round(s.stages.sealed_frame, 1),
+                round(s.stages.activated, 1),
+                round(s.stages.first_ack, 1),
+                round(s.stages.stalled, 1),
+                round(statistics.median(s.windows_ms), 1) if s.windows_ms else None,
+            ]
+            for s in staged
+            if s.stages is not None
+        ],
+    )
+    for stage in ("sealed", "sealed_frame", "activated", "first_ack", "stalled"):
+        values = [getattr(s.stages, stage) for s in staged if s.stages is not None]
+        if values:
+            section.figure(f"stage_{stage}_p50", statistics.median(values), "ms")
     section.target(
         "split window p99",
         p99 <= TARGET_P99_MS,
@@ -200,8 +321,16 @@ async def run(report: Report, quick: bool) -> None:
         "connection handshake to each child broker (held until the child is activated: one "
         "directory fsync on its broker, after the seal) and one child ack."
     )
+    section.note(
+        "Stages: the producer connects to the children as soon as it handles SEALED; each "
+        "child's broker holds that handshake until the controller (here the harness, after "
+        "every parent is sealed, DESIGN §5) activates the child, so the window is seal + "
+        "activation + the first child append's fsync, plus whatever stalls this event loop "
+        f"(gaps over {STALL_MS:.0f} ms, counted between the seal and the first child ack)."
+    )
     section.data.update(
         {
+            "stages_ms": [s.stages.__dict__ for s in staged if s.stages is not None],
             "windows_ms": windows,
             "mode": mode.__dict__,
             **{k: v for k, v in extra.items() if k != "interval_ms"},
