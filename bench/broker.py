@@ -24,8 +24,11 @@ messages, at most `WINDOW` messages in flight. Server and client CPU use are rec
 `ours-auth` is our broker with authentication on (`bench/_auth.py`: TokenReview and
 SubjectAccessReview against a real kube-apiserver), interleaved with `ours` for the cost of it.
 
-Set `BENCH_BROKER_SYSTEMS=ours,ours-auth,nats,redis,kafka,kafka-sync` (any subset) to run fewer
-systems;
+NATS and Redis are also driven by their projects' own benchmark clients (`nats-go`,
+`redis-native`: `bench/_native.py`), closed loop, capacity and consume only.
+
+Set `BENCH_BROKER_SYSTEMS=ours,ours-auth,nats-go,redis-native,nats,redis,kafka,kafka-sync` (any
+subset) to run fewer systems;
 the SDK's own path (`ScalableTopicProducer` over 4 segments to `StreamConsumer`s) is measured
 next to this raw path by `bench/sdk.py`.
 """
@@ -51,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import _kafka, _worker
+from bench import _kafka, _native, _worker
 from bench._load import ConsumeResult, ConsumeSpec, StepResult, StepSpec
 from bench._peers import NATS_DURABILITY, REDIS_DURABILITY, start_nats, start_redis
 from bench._procs import Server, can_pin, memory_kb
@@ -151,6 +154,9 @@ class System:
     )
     tools: bool = False
     """Driven by its own benchmark tools (Kafka), not by our load-generator process."""
+    native: bool = False
+    """Driven by its project's own closed-loop benchmark client (`bench/_native.py`): capacity
+    probes and consume only, no open-loop steps."""
 
 
 @dataclass
@@ -166,6 +172,18 @@ class SystemRun:
     """Not run because a prerequisite is missing (the error says which); not a failure."""
     rss_rest_kb: int = 0
     rss_peak_kb: int = 0
+
+
+def _start_nats_go(workdir: Path) -> tuple[Server, dict[str, Any], str]:
+    binary = _native.build_nats_go()
+    server, endpoint, version = start_nats(workdir)
+    return server, {**endpoint, "nats_bench": binary}, version
+
+
+def _start_redis_native(workdir: Path) -> tuple[Server, dict[str, Any], str]:
+    tool = _native.redis_benchmark()
+    server, endpoint, version = start_redis(workdir)
+    return server, {**endpoint, "redis_benchmark": tool}, version
 
 
 def _systems() -> list[System]:
@@ -190,8 +208,22 @@ def _systems() -> list[System]:
             _ours.fsync_stats,
             _ours.fsync_delta,
         ),
-        System("nats", "NATS JetStream (publish_async)", NATS_DURABILITY, start_nats),
-        System("redis", "Redis Streams (pipelined XADD)", REDIS_DURABILITY, start_redis),
+        System(
+            "nats-go",
+            "NATS JetStream (nats.go PublishAsync)",
+            NATS_DURABILITY,
+            _start_nats_go,
+            native=True,
+        ),
+        System(
+            "redis-native",
+            "Redis Streams (redis-benchmark, pipelined XADD)",
+            REDIS_DURABILITY,
+            _start_redis_native,
+            native=True,
+        ),
+        System("nats", "NATS JetStream (Python nats-py)", NATS_DURABILITY, start_nats),
+        System("redis", "Redis Streams (Python redis-py)", REDIS_DURABILITY, start_redis),
         System(
             "kafka",
             "Kafka, default flush (ack before fsync)",
@@ -448,6 +480,46 @@ class _KafkaRunner(_Runner):
         )
 
 
+class _NativeRunner(_Runner):
+    """A peer driven by its project's own closed-loop benchmark client (`bench/_native.py`),
+    one process per step on the client core. redis-benchmark sends a fixed request count:
+    the step's duration times the last estimate (a calibration run first), warm-up included."""
+
+    CALIBRATION_REQUESTS = 20_000
+
+    def __init__(self, system: System, server: Server, endpoint: dict[str, Any]) -> None:
+        super().__init__(system, server, None, endpoint)
+        self.estimate: dict[int, float] = {}
+
+    def _reset(self, payload: int) -> None:
+        if self.system.key == "nats-go":
+            _native.nats_reset(self.endpoint, payload)
+            return
+        _native.redis_reset(self.endpoint, payload)
+        calibration = _native.redis_produce(self.endpoint, payload, self.CALIBRATION_REQUESTS)
+        self.estimate[payload] = max(1000.0, calibration.achieved)
+
+    def _produce(self, spec: StepSpec) -> StepResult:
+        if spec.rate is not None:
+            raise RuntimeError(f"{self.system.key} is closed-loop only")
+        if self.system.key == "nats-go":
+            return _native.nats_produce(
+                self.endpoint, spec.payload, spec.duration, spec.warmup, WINDOW
+            )
+        requests = int(self.estimate[spec.payload] * (spec.duration + spec.warmup))
+        result = _native.redis_produce(self.endpoint, spec.payload, max(1000, requests))
+        self.estimate[spec.payload] = max(1000.0, result.achieved)
+        return result
+
+    def _consume(self, spec: ConsumeSpec) -> ConsumeResult:
+        payload = int(spec.endpoint["run"])
+        if self.system.key == "nats-go":
+            return _native.nats_consume(self.endpoint, payload, spec.batch, spec.duration)
+        saturation = self.out.runs[payload].saturation or self.estimate.get(payload, 0.0)
+        limit = max(_native.REDIS_CONSUME_BATCH, int(saturation * spec.duration))
+        return _native.redis_consume(self.endpoint, payload, limit)
+
+
 def _disk_fsync_ms(directory: Path, seconds: float = 1.0) -> float:
     """Median latency of a 64 KiB append + fdatasync here: the machine's durability cost now."""
     path = directory / "fsync-probe.bin"
@@ -488,6 +560,8 @@ class _Bench:
                 if system.tools:
                     runner = _KafkaRunner(system, server, endpoint)
                     runner.e2e_records = self.mode.e2e_records
+                elif system.native:
+                    runner = _NativeRunner(system, server, endpoint)
                 else:
                     pool = stack.enter_context(
                         ProcessPoolExecutor(
@@ -495,7 +569,7 @@ class _Bench:
                         )
                     )
                     runner = _Runner(system, server, pool, endpoint)
-            except _kafka.KafkaUnavailable as e:
+            except (_kafka.KafkaUnavailable, _native.NativeUnavailable) as e:
                 out = SystemRun(system.key, system.label, system.durability, unavailable=True)
                 out.error = str(e)
                 self.results.append(out)
@@ -552,15 +626,12 @@ class _Bench:
         if mode.equal_load > 0:
             print("[bench] phase 2b: latency at equal offered load", flush=True)
             for payload in PAYLOADS:
-                sats = [r.out.runs[payload].saturation for r in self.live if payload in r.out.runs]
+                open_loop = [r for r in self.live if not r.system.native]
+                sats = [r.out.runs[payload].saturation for r in open_loop if payload in r.out.runs]
                 if len(sats) < 2 or min(sats) <= 0:
                     continue
                 rate = mode.equal_load * min(sats)
-                self.each(
-                    functools.partial(
-                        _Runner.produce, payload=payload, rate=rate, kind="equal", mode=mode
-                    )
-                )
+                self.each(functools.partial(_equal_step, payload=payload, rate=rate, mode=mode))
         print("[bench] phase 3: consume", flush=True)
         for payload in PAYLOADS:
             self.each(functools.partial(_consume, payload=payload, mode=mode))
@@ -573,6 +644,11 @@ def _consume(r: _Runner, payload: int, mode: Mode) -> None:
     r.consume(payload, mode)
 
 
+def _equal_step(r: _Runner, payload: int, rate: float, mode: Mode) -> None:
+    if not r.system.native:
+        r.produce(payload, rate, "equal", mode)
+
+
 def _latency_sweep(r: _Runner, payload: int, mode: Mode) -> None:
     """A fresh capacity probe, then open-loop steps at fractions of the capacity, 80 % first:
     the disk and CPU of a shared machine drift within minutes, and the latency target is about
@@ -582,6 +658,8 @@ def _latency_sweep(r: _Runner, payload: int, mode: Mode) -> None:
     sustains, where an open-loop queue only grows and the latency measures the overload.
     """
     fresh = r.produce(payload, None, "probe", mode).result.achieved
+    if r.system.native:
+        return
     capacity = min(fresh, r.out.runs[payload].saturation)
     for fraction in mode.fractions:
         kind = "80%" if fraction == 0.8 else "sweep"
@@ -895,7 +973,124 @@ def _metric(sr: SystemRun | None, payload: int, metric: str) -> float | None:
     return pr.consume.rate if pr.consume else None
 
 
-PEERS = ("nats", "redis", "kafka", "kafka-sync")
+PEERS = {
+    "nats-go": "JetStream (nats.go)",
+    "redis-native": "Redis (redis-benchmark)",
+    "nats": "JetStream (nats-py)",
+    "redis": "Redis (redis-py)",
+    "kafka": "Kafka default",
+    "kafka-sync": "Kafka flush=1",
+}
+"""Every peer row, short names for the ratio tables: own benchmark clients first."""
+OWN_CLIENT = {"nats": "nats-go", "redis": "redis-native"}
+"""Python-client row -> the same server driven by its project's own benchmark client."""
+
+
+def _median_probe(pr: PayloadRun) -> Step | None:
+    """The capacity probe whose throughput is the saturation (the lower middle one)."""
+    probes = sorted(pr.probes, key=lambda s: s.result.achieved)
+    return probes[(len(probes) - 1) // 2] if probes else None
+
+
+def _side(sr: SystemRun | None, payload: int) -> str | None:
+    pr = sr.runs.get(payload) if sr else None
+    probe = _median_probe(pr) if pr else None
+    if probe is None:
+        return None
+    return f"{_bottleneck(probe)} (server {probe.server_cpu:.0%}, client {probe.client_cpu:.0%})"
+
+
+def _best_peer(
+    section: Section, by: dict[str, SystemRun], ours: SystemRun | None
+) -> dict[int, str]:
+    """Ours against the best peer row per payload and metric, with each side's bottleneck at
+    saturation (the median capacity probe's CPU shares). Returns the best peer by saturation
+    per payload."""
+    rows: list[list[Cell]] = []
+    best_by_payload: dict[int, str] = {}
+    for payload in PAYLOADS:
+        for metric in ("saturation", "consume"):
+            o = _metric(ours, payload, metric)
+            measured = [(p, key) for key in PEERS if (p := _metric(by.get(key), payload, metric))]
+            if not measured:
+                continue
+            value, key = max(measured)
+            if metric == "saturation":
+                best_by_payload[payload] = key
+            ratio = o / value if o is not None and value else None
+            if ratio is not None:
+                section.figure(f"ratio_best_{metric}", ratio, "x", peer=key, payload=str(payload))
+            rows.append(
+                [
+                    payload,
+                    f"{metric} msg/s",
+                    None if o is None else round(o),
+                    PEERS[key],
+                    round(value),
+                    None if ratio is None else f"{ratio:.2f}x",
+                    _side(ours, payload) if metric == "saturation" else None,
+                    _side(by.get(key), payload) if metric == "saturation" else None,
+                ]
+            )
+    section.tables.insert(
+        1,
+        Table(
+            "Ours / best peer (same run; each peer at its best client; bottleneck = what is at "
+            f">= {BOUND:.0%} of a core in the median capacity probe, else disk or waiting)",
+            [
+                "payload B",
+                "metric",
+                "segment broker",
+                "best peer",
+                "best peer msg/s",
+                "ours/best",
+                "our bottleneck",
+                "best peer's bottleneck",
+            ],
+            rows,
+        ),
+    )
+    clients: list[list[Cell]] = []
+    for py_key, own_key in OWN_CLIENT.items():
+        for payload in PAYLOADS:
+            own, py = by.get(own_key), by.get(py_key)
+            if not ((own and payload in own.runs) or (py and payload in py.runs)):
+                continue
+            clients.append(
+                [
+                    payload,
+                    PEERS[own_key],
+                    _round(_metric(own, payload, "saturation")),
+                    _side(own, payload),
+                    PEERS[py_key],
+                    _round(_metric(py, payload, "saturation")),
+                    _side(py, payload),
+                    _round(_metric(own, payload, "consume")),
+                    _round(_metric(py, payload, "consume")),
+                ]
+            )
+    if clients:
+        section.table(
+            "Peers through their own benchmark client vs through our Python load generator "
+            "(the Python-client figures of earlier reports)",
+            [
+                "payload B",
+                "own client",
+                "saturation msg/s",
+                "bottleneck",
+                "Python client",
+                "saturation msg/s",
+                "bottleneck",
+                "consume msg/s (own)",
+                "consume msg/s (Python)",
+            ],
+            clients,
+        )
+    return best_by_payload
+
+
+def _round(x: float | None) -> int | None:
+    return None if x is None else round(x)
 
 
 AUTH_COST_TARGET = 0.05
@@ -964,12 +1159,13 @@ def _auth_cost(section: Section, off: SystemRun | None, on: SystemRun | None) ->
 def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
     by = {sr.key: sr for sr in runs}
     ours = by.get("ours")
+    present = [key for key in PEERS if key in by and by[key].runs]
     rows: list[list[Cell]] = []
     for payload in PAYLOADS:
         for metric in ("saturation", "consume"):
             o = _metric(ours, payload, metric)
             row: list[Cell] = [payload, f"{metric} msg/s", None if o is None else round(o)]
-            for peer in PEERS:
+            for peer in present:
                 p = _metric(by.get(peer), payload, metric)
                 row.append(None if p is None else round(p))
                 ratio = o / p if o is not None and p else None
@@ -980,30 +1176,30 @@ def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
     section.tables.insert(
         1,
         Table(
-            "Ours / peer (same run, interleaved)",
+            "Ours / every peer (same run, interleaved)",
             [
                 "payload B",
                 "metric",
                 "segment broker",
-                "JetStream",
-                "ours/JetStream",
-                "Redis",
-                "ours/Redis",
-                "Kafka default",
-                "ours/Kafka default",
-                "Kafka flush=1",
-                "ours/Kafka flush=1",
+                *(c for key in present for c in (PEERS[key], f"ours/{PEERS[key]}")),
             ],
             rows,
         ),
     )
+    _best_peer(section, by, ours)
 
     _auth_cost(section, ours, by.get("ours-auth"))
 
     kb = ours.runs.get(1024) if ours else None
-    for peer, name in (("nats", "JetStream publish_async"), ("redis", "Redis XADD")):
-        pr = by[peer].runs.get(1024) if peer in by else None
-        title = f">= {TARGET_RATIO:.0f}x {name} at 1 KB (saturation)"
+    for peer, name in (("nats", "JetStream"), ("redis", "Redis Streams")):
+        # The peer at its best: its own benchmark client or the Python one, whichever is faster.
+        candidates = [
+            by[k].runs[1024]
+            for k in (OWN_CLIENT[peer], peer)
+            if k in by and 1024 in by[k].runs and by[k].runs[1024].probes
+        ]
+        pr = max(candidates, key=lambda r: r.saturation, default=None)
+        title = f">= {TARGET_RATIO:.0f}x {name} at 1 KB (saturation, best client)"
         if kb and kb.probes and pr and pr.probes and pr.saturation > 0:
             ratio = kb.saturation / pr.saturation
             section.target(
@@ -1065,6 +1261,19 @@ def run(report: Report, quick: bool) -> None:
         "messages in flight. Latency runs from the intended send time to the ack (open loop, "
         "1 ms ticks; each tick's messages are recorded once with their count: +-0.5 ms)."
     )
+    if any(sr.key in _native.SYSTEMS for sr in runs):
+        section.note(
+            "NATS and Redis rows marked nats.go / redis-benchmark are driven by their projects' "
+            "own benchmark clients (bench/_native.py; one process per step on the client core, "
+            "closed loop: capacity probes and consume only, no open-loop steps): nats.go "
+            f"PublishAsync with PublishAsyncMaxPending({WINDOW}), pull consumer Fetch(1000) + "
+            f"AckAll; redis-benchmark -c {_native.REDIS_CONCURRENCY} -P {_native.REDIS_PIPELINE} "
+            "XADD (latency per request, its own percentiles, warm-up included), consume = "
+            f"XREADGROUP COUNT {_native.REDIS_CONSUME_BATCH} one request at a time without XACK. "
+            "The Python-client rows (nats-py, redis-py) are kept in their own table. RabbitMQ "
+            "streams: not measured (not installed here; its stream benchmark client is Java and "
+            "not packaged)."
+        )
     section.note(
         "Pinning: "
         + (
