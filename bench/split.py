@@ -11,6 +11,9 @@ For each key of a split segment, the **window** is the time between the key's la
 acknowledgement on the parent and its first acknowledgement on a child. At a constant rate a
 key's acknowledgements are spaced by its send interval even without a split, so the report also
 gives the **excess** (window minus that interval): the time the split really cost the key.
+Each split is also broken down (:class:`Stages`): seal fsynced, ``SEALED`` handled by the
+producer, children activated, first child ack, and how long this process's event loop stalled
+in between (the producer shares the loop with the admin client and the session server).
 
     python -m bench.run --only split [--quick]
 """
@@ -121,11 +124,11 @@ def _stages(
     calls: dict[tuple[str, int], tuple[float, float]],
     reroutes: list[float],
     stalls: list[tuple[float, float]],
-    acks: dict[str, list[tuple[float, int]]],
+    first_acks: dict[int, float],
 ) -> Stages | None:
     terminate = calls.get(("terminate", sample.parent))
     activates = [calls["activate", c] for c in sample.children if ("activate", c) in calls]
-    child_acks = [t for history in acks.values() for t, s in history if s in sample.children]
+    child_acks = [first_acks[c] for c in sample.children if c in first_acks]
     if terminate is None or not activates or not child_acks:
         return None
     t0 = terminate[0]
@@ -210,6 +213,10 @@ async def _measure(mode: Mode, base: Path) -> tuple[list[SplitSample], dict[str,
                 await watcher
                 await producer.flush()
             interval_ms = 1000.0 * mode.keys / mode.rate
+            first_acks: dict[int, float] = {}
+            for history in acks.values():
+                for t, segment in history:
+                    first_acks[segment] = min(t, first_acks.get(segment, t))
             for sample in samples:
                 parent_range = env.layout.segments[sample.parent].hash_range
                 for key in keys:
@@ -223,7 +230,7 @@ async def _measure(mode: Mode, base: Path) -> tuple[list[SplitSample], dict[str,
                     window = 1000.0 * (min(on_child) - max(on_parent))
                     sample.windows_ms.append(window)
                     sample.excess_ms.append(max(0.0, window - interval_ms))
-                sample.stages = _stages(sample, calls, reroutes, stalls, acks)
+                sample.stages = _stages(sample, calls, reroutes, stalls, first_acks)
             extra = {
                 "errors": len(errors),
                 "latency_p50_ms": 1000.0 * _pct(latencies, 0.5),
