@@ -11,9 +11,11 @@ import pytest
 
 from scalable_topics.cli import args as cli_args
 from scalable_topics.cli.clients import format_message
+from scalable_topics.cli.discovery import Target
 from scalable_topics.cli.errors import CliError, NotFoundError, UnreachableError, UsageError
 from scalable_topics.cli.main import build_parser, describe_error, main
 from scalable_topics.client import ConsumerError, Message, TopicNotFoundError
+from scalable_topics.core.subscriptions import SubscriptionType
 from scalable_topics.kubeapi import KubeconfigError
 
 TOPIC_COMMANDS = (
@@ -64,6 +66,10 @@ def test_every_option_has_help(name: str) -> None:
         (["drain"], "the following arguments are required: pod"),
         (["drain", "p", "--timeout", "0"], "argument --timeout: must be more than 0"),
         (["consume", "t", "-s", "b", "-o", "yaml"], "argument -o/--output: invalid choice"),
+        (
+            ["consume", "t", "-s", "b", "--type", "Queue"],
+            "argument --type: invalid choice: 'Queue' (choose from 'stream', 'queue')",
+        ),
     ],
 )
 def test_a_wrong_argument_is_one_line_and_exit_2(
@@ -76,6 +82,23 @@ def test_a_wrong_argument_is_one_line_and_exit_2(
     assert len(err.splitlines()) == 1, err
     assert complaint in err
     assert err.startswith(f"stopic {argv[0]}: error: ")
+
+
+def test_a_subscription_type_is_read_from_the_topic_spec_as_the_core_enum() -> None:
+    topic = {
+        "metadata": {"namespace": "ns", "name": "t"},
+        "spec": {"subscriptions": [{"name": "audit", "type": "Queue"}, {"name": "feed"}]},
+    }
+    target = Target("http://operator", topic)
+    assert target.subscription_type("audit") is SubscriptionType.QUEUE
+    assert target.subscription_type("feed") is SubscriptionType.STREAM, "Stream by default"
+    assert Target("http://operator").subscription_type("audit") is None, "topic not read"
+    with pytest.raises(NotFoundError) as missing:
+        target.subscription_type("other")
+    assert str(missing.value) == (
+        "subscription 'other' not found on scalabletopic ns/t "
+        "(its subscriptions: audit (Queue), feed (Stream))"
+    )
 
 
 def test_hash_points() -> None:

@@ -39,6 +39,7 @@ from ..client import (
     StreamConsumer,
     TopicNotFoundError,
 )
+from ..core.subscriptions import SubscriptionType
 from ..credentials import CA_FILE_ENV, TOKEN_FILE_ENV, CredentialsError, client_session
 from . import args as cli_args
 from .discovery import DEFAULT_OPERATOR_NAMESPACE, Target, find_operator
@@ -52,6 +53,9 @@ CLOSE_TIMEOUT = 10.0
 """Seconds a producer or consumer gets to close after a normal end."""
 INTERRUPTED_CLOSE = 1.2
 """... and after Ctrl-C (whatever is not acknowledged by then is reported, not waited for)."""
+
+TYPE_CHOICES = {kind.lower(): kind for kind in SubscriptionType}
+"""``consume --type``: the spec's subscription types, spelled in lower case."""
 
 _NOT_FOUND_CODES = {"InvalidSubscription", "UnknownTopic"}
 
@@ -355,12 +359,13 @@ async def cmd_consume(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     async with _connected(args) as (session, target):
         kind = target.subscription_type(args.subscription)
-        if kind is not None and args.type is not None and kind.lower() != args.type:
+        wanted = None if args.type is None else TYPE_CHOICES[args.type]
+        if kind is not None and wanted is not None and kind is not wanted:
             raise UsageError(
                 f"subscription {args.subscription!r} is a {kind} subscription, not "
                 f"--type {args.type} (leave --type out: it is read from the topic)"
             )
-        queue = (kind or args.type or "stream").lower() == "queue"
+        queue = (kind or wanted or SubscriptionType.STREAM) is SubscriptionType.QUEUE
         cls = QueueConsumer if queue else StreamConsumer
         consumer = cls(
             target.service_url, args.namespace, args.topic, args.subscription, name, session=session
@@ -589,7 +594,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     consume.add_argument(
         "--type",
-        choices=("stream", "queue"),
+        choices=tuple(TYPE_CHOICES),
         default=None,
         help="the subscription's type (default: read from the topic; stream with --service-url)",
     )

@@ -22,6 +22,7 @@ import aiohttp
 from kubernetes_asyncio import client as k8s
 
 from ..core.sessions import dag_path
+from ..core.subscriptions import SubscriptionType
 from ..credentials import tls_failure_message
 from .errors import CliError, NotFoundError, UnreachableError
 from .kube import call, connect_problem, kube_api, read_topic
@@ -42,17 +43,19 @@ class Target:
     topic: dict[str, Any] | None = None
     tried: list[str] = field(default_factory=list)
 
-    def subscription_type(self, name: str) -> str | None:
-        """``"Stream"``/``"Queue"`` for a subscription of the topic's spec, ``None`` when the
-        topic was not read; :class:`NotFoundError` when the spec has no such subscription."""
+    def subscription_type(self, name: str) -> SubscriptionType | None:
+        """The type of a subscription of the topic's spec, ``None`` when the topic was not
+        read; :class:`NotFoundError` when the spec has no such subscription."""
         if self.topic is None:
             return None
         meta = self.topic.get("metadata") or {}
         subscriptions = (self.topic.get("spec") or {}).get("subscriptions") or []
         for sub in subscriptions:
             if sub.get("name") == name:
-                return str(sub.get("type") or "Stream")
-        known = ", ".join(f"{s.get('name')} ({s.get('type') or 'Stream'})" for s in subscriptions)
+                return SubscriptionType(sub.get("type") or SubscriptionType.STREAM)
+        known = ", ".join(
+            f"{s.get('name')} ({s.get('type') or SubscriptionType.STREAM})" for s in subscriptions
+        )
         raise NotFoundError(
             f"subscription {name!r} not found on scalabletopic "
             f"{meta.get('namespace')}/{meta.get('name')} (its subscriptions: {known or 'none'})"
