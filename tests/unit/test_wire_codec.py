@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from scalable_topics.core import buckets as core_buckets
 from scalable_topics.core import wire
-from scalable_topics.core.hashing import bucket_hash, segment_hash
+from scalable_topics.core.hashing import bucket_hash, key_hash, segment_hash
 from scalable_topics.core.wire import Message, WireError
 
 keys = st.one_of(st.none(), st.binary(max_size=40))
@@ -63,6 +63,21 @@ def test_fast_paths_match_the_general_encoder(pairs: list[tuple[bytes, bytes]]) 
     general = wire.encode_messages([Message(v, key=k) for k, v in pairs])
     assert fast == general
     assert wire.encode_values(vs) == wire.encode_messages([Message(v) for v in vs])[0]
+    # a producer passes the hashes it computed to route the keys: the same bytes, no rehash
+    hashes = [key_hash(k) for k in ks]
+    assert wire.encode_keyed_values(ks, vs, hashes) == general
+    with pytest.raises(ValueError, match="differ in length"):
+        wire.encode_keyed_values(ks, vs, hashes[1:])
+
+
+@given(st.lists(messages, min_size=1, max_size=20))
+def test_message_fields_are_what_the_decoder_yields(msgs: list[Message]) -> None:
+    payload, count, *_ = wire.encode_messages(msgs)
+    fields = list(wire.iter_message_fields(payload, count))
+    assert fields == [(m.value, m.key, m.timestamp_ms, dict(m.properties)) for m in msgs]
+    assert list(wire.iter_messages(payload, count)) == msgs
+    with pytest.raises(WireError, match="declares"):
+        list(wire.iter_message_fields(payload, count + 1))
 
 
 @given(st.integers(0, 0xFFFF), st.integers(1, 1024))

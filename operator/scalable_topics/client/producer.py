@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import operator
 import time
 import uuid
 from collections import deque
@@ -81,7 +82,7 @@ def _fail_all(outs: list[_Out], error: Exception) -> None:
 class _Out:
     """One message on its way to a broker."""
 
-    __slots__ = ("future", "hash32", "key", "properties", "size", "timestamp_ms", "value")
+    __slots__ = ("future", "hash32", "hashb", "key", "properties", "size", "timestamp_ms", "value")
 
     def __init__(
         self,
@@ -97,10 +98,9 @@ class _Out:
         self.properties = properties
         self.future = future
         self.hash32: int | None = None if key is None else key_hash(key)
+        self.hashb: int | None = None if self.hash32 is None else self.hash32 & 0xFFFF
+        """The key's bucket hash (``hashB``), None without a key."""
         self.size = len(value) + (len(key) if key is not None else 0) + 7
-
-    def bucket_hash(self) -> int | None:
-        return None if self.hash32 is None else self.hash32 & 0xFFFF
 
     def message(self) -> wire.Message:
         return wire.Message(
@@ -109,6 +109,10 @@ class _Out:
             timestamp_ms=self.timestamp_ms,
             properties=self.properties or {},
         )
+
+
+_HASHB_OF = operator.attrgetter("hashb")
+_SIZE_OF = operator.attrgetter("size")
 
 
 class _Entry:
@@ -175,7 +179,8 @@ class ScalableTopicProducer:
         self.namespace = namespace
         self.topic = topic
         self.name = name or f"{topic}-{uuid.uuid4().hex[:12]}"
-        if not 0 < len(self.name.encode("utf-8")) <= wire.MAX_PRODUCER_NAME:
+        self._name_bytes = self.name.encode("utf-8")
+        if not 0 < len(self._name_bytes) <= wire.MAX_PRODUCER_NAME:
             raise ValueError("producer name must be 1..255 bytes of UTF-8")
         self.batch_max_messages = batch_max_messages
         self.batch_max_bytes = batch_max_bytes
@@ -340,8 +345,8 @@ class ScalableTopicProducer:
             return
         entries = plan_entries(
             link.buffer,
-            bucket_hash_of=_Out.bucket_hash,
-            size_of=lambda o: o.size,
+            bucket_hash_of=_HASHB_OF,
+            size_of=_SIZE_OF,
             buckets=link.buckets,
             max_messages=self.batch_max_messages,
             max_bytes=self.batch_max_bytes,
@@ -350,7 +355,7 @@ class ScalableTopicProducer:
         link.buffer_bytes = 0
         link.outbox.extend(_Entry(e) for e in entries)
         for messages in entries:
-            hb = messages[0].bucket_hash()
+            hb = messages[0].hashb
             bucket = -1 if hb is None else wire.bucket_of(hb, link.buckets)
             counts = self._bucket_batches.setdefault((link.segment_id, bucket), [0, 0])
             counts[0] += 1
@@ -505,12 +510,7 @@ class ScalableTopicProducer:
                 if entry.seq is None:
                     entry.seq = link.next_seq
                     link.next_seq += 1
-                    entry.data = wire.encode_entry(
-                        self.name,
-                        entry.seq,
-                        [m.message() for m in entry.messages],
-                        publish_time_ms=int(time.time() * 1000),
-                    )
+                    entry.data = self._encode(entry.seq, entry.messages)
                 assert entry.data is not None
                 try:
                     future = await producer.publish(entry.seq, entry.data)
@@ -523,6 +523,32 @@ class ScalableTopicProducer:
         finally:
             watch.cancel()
         return producer.failure
+
+    def _encode(self, seq: int, outs: list[_Out]) -> bytes:
+        """One entry's bytes. Keyed messages without timestamp or properties (the common case)
+        take the codec's fast path with the hashes computed for routing (no second hash, no
+        ``wire.Message`` per message); any other mix goes through :func:`wire.encode_entry`."""
+        publish_time_ms = int(time.time() * 1000)
+        if all(o.hash32 is not None and o.timestamp_ms is None and not o.properties for o in outs):
+            payload, count, hmin, hmax, sample, keyed = wire.encode_keyed_values(
+                [o.key for o in outs],  # type: ignore[misc]  # keyed: checked above
+                [o.value for o in outs],
+                [o.hash32 for o in outs],  # type: ignore[misc]
+            )
+            return wire.encode_entry_raw(
+                self._name_bytes,
+                seq,
+                payload,
+                count,
+                hashb_min=hmin,
+                hashb_max=hmax,
+                keyed=keyed,
+                key_hash_sample=sample,
+                publish_time_ms=publish_time_ms,
+            )
+        return wire.encode_entry(
+            self.name, seq, [o.message() for o in outs], publish_time_ms=publish_time_ms
+        )
 
     def _on_ack(self, link: _Link, entry: _Entry, future: asyncio.Future[EntryAck]) -> None:
         if future.cancelled():
@@ -551,14 +577,17 @@ class ScalableTopicProducer:
         if entry.finished:
             return
         entry.finished = True
-        for index, out in enumerate(entry.messages):
-            if out.future.done():
-                continue
-            if error is not None:
-                out.future.set_exception(error)
-            else:
-                assert ack is not None
-                out.future.set_result(MessageId(link.segment_id, ack.position, index))
+        if error is not None:
+            for out in entry.messages:
+                if not out.future.done():
+                    out.future.set_exception(error)
+        else:
+            assert ack is not None
+            segment_id, position = link.segment_id, ack.position
+            for index, out in enumerate(entry.messages):
+                future = out.future
+                if not future.done():
+                    future.set_result(MessageId(segment_id, position, index))
         self._release(link, len(entry.messages))
 
     def _corrupted(self, link: _Link, error: SegmentCorruptedError) -> None:

@@ -129,12 +129,15 @@ class RoutingTable:
         return -1 if self._dag is None else self._dag.epoch
 
     def route(self, hash_value: int) -> Route:
-        for pinned in self._pinned.values():
-            if pinned.contains(hash_value):
-                return pinned
+        if self._pinned:
+            for pinned in self._pinned.values():
+                if pinned.contains(hash_value):
+                    return pinned
         index = bisect.bisect_right(self._starts, hash_value) - 1
-        if index >= 0 and self._base[index].contains(hash_value):
-            return self._base[index]
+        if index >= 0:
+            route = self._base[index]
+            if route.start <= hash_value <= route.end:
+                return route
         raise LookupError(f"no route for hash 0x{hash_value:04x}")
 
     def routes(self) -> list[Route]:

@@ -14,12 +14,13 @@ other exception.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import mmh3
 
@@ -388,19 +389,24 @@ def encode_messages(messages: Iterable[Message]) -> tuple[bytes, int, int, int, 
 
 
 def encode_keyed_values(
-    keys: Sequence[bytes], values: Sequence[bytes]
+    keys: Sequence[bytes], values: Sequence[bytes], hashes: Sequence[int] | None = None
 ) -> tuple[bytes, int, int, int, int | None, bool]:
-    """Fast path of :func:`encode_messages` for key/value pairs without timestamp or properties."""
-    if len(keys) != len(values):
-        raise ValueError("keys and values differ in length")
+    """Fast path of :func:`encode_messages` for key/value pairs without timestamp or properties.
+
+    ``hashes`` are the keys' 32-bit hashes when the caller has them already (a producer hashes
+    each key once, to route it): the keys are then not hashed again."""
+    if len(keys) != len(values) or (hashes is not None and len(hashes) != len(keys)):
+        raise ValueError("keys, values and hashes differ in length")
+    if hashes is None:
+        hash32 = mmh3.hash
+        hashes = [hash32(key, 0, signed=False) for key in keys]
     parts: list[bytes] = []
     append = parts.append
     pack = MESSAGE_HEADER.pack
-    hash32 = mmh3.hash
     hmin = 0xFFFF
     hmax = 0
-    for key, value in zip(keys, values, strict=True):
-        hb = hash32(key, 0, signed=False) & 0xFFFF
+    for key, value, raw in zip(keys, values, hashes, strict=True):
+        hb = raw & 0xFFFF
         if hb < hmin:
             hmin = hb
         if hb > hmax:
@@ -410,8 +416,7 @@ def encode_keyed_values(
         append(value)
     if not keys:
         return b"", 0, 0, 0, None, False
-    sample = mmh3.hash(keys[0], 0, signed=False) >> 16
-    return b"".join(parts), len(keys), hmin, hmax, sample, True
+    return b"".join(parts), len(keys), hmin, hmax, hashes[0] >> 16, True
 
 
 def encode_values(values: Sequence[bytes]) -> bytes:
@@ -460,8 +465,20 @@ def _encode_properties(props: Mapping[str, str]) -> bytes:
     return b"".join(out)
 
 
+MessageFields: TypeAlias = tuple[bytes, bytes | None, int | None, dict[str, str]]
+"""A decoded message as ``(value, key, timestamp_ms, properties)``."""
+
+
 def iter_messages(payload: bytes | memoryview, count: int | None = None) -> Iterator[Message]:
     """Decode the messages of an entry payload (the consumer side)."""
+    return itertools.starmap(Message, iter_message_fields(payload, count))
+
+
+def iter_message_fields(
+    payload: bytes | memoryview, count: int | None = None
+) -> Iterator[MessageFields]:
+    """:func:`iter_messages` without the :class:`Message` objects, for a caller that builds
+    its own (the SDK's consumers: one object per message, not two)."""
     buf = memoryview(payload)
     end = len(buf)
     off = 0
@@ -503,7 +520,7 @@ def iter_messages(payload: bytes | memoryview, count: int | None = None) -> Iter
             if off > end:
                 raise WireError("bad_message", "message runs past the payload")
             seen += 1
-            yield Message(value=value, key=key, timestamp_ms=ts, properties=props)
+            yield value, key, ts, props
     except (struct.error, UnicodeDecodeError) as exc:
         raise WireError("bad_message", f"malformed message payload: {exc}") from None
     if count is not None and seen != count:

@@ -441,8 +441,9 @@ class _ConsumerBase:
 
     def _holder(self, message: Message) -> _Reader | None:
         """The reader that handed ``message`` out, while it is still in progress."""
-        for reader in self._readers_of(message.segment_id):
-            if message.position in reader.started:
+        segment_id, position = message.segment_id, message.position
+        for reader in self._readers.values():
+            if reader.segment_id == segment_id and position in reader.started:
                 return reader
         return None
 

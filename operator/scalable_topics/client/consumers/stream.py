@@ -58,7 +58,8 @@ class StreamConsumer(_ConsumerBase):
         return False
 
     def _delivered(self, reader: _Reader, message: Message) -> None:
-        reader.started.setdefault(message.position, set())
+        if message.position not in reader.started:
+            reader.started[message.position] = set()
 
     async def ack(self, message: Message) -> None:
         """Acknowledge ``message`` and every message handed out before it from its reader."""

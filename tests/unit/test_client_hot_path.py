@@ -1,0 +1,53 @@
+"""The SDK's per-message fast paths produce what the general paths do (issue 17): the
+producer's entry encoding with the routing hashes, and the consumers' one-object decoding."""
+
+from __future__ import annotations
+
+import asyncio
+
+from scalable_topics.client.consumers.common import entry_messages
+from scalable_topics.client.producer import ScalableTopicProducer, _Out
+from scalable_topics.client.segment import ReceivedEntry
+from scalable_topics.core import wire
+
+
+def _outs(
+    loop: asyncio.AbstractEventLoop, specs: list[tuple[bytes | None, int | None]]
+) -> list[_Out]:
+    props = {"a": "b"}
+    return [
+        _Out(b"v%d" % i, key, ts, props if i == 2 else None, loop.create_future())
+        for i, (key, ts) in enumerate(specs)
+    ]
+
+
+async def test_producer_entries_are_the_general_encoding_byte_for_byte() -> None:
+    loop = asyncio.get_running_loop()
+    producer = ScalableTopicProducer("http://127.0.0.1:1", "ns", "t", name="p-1")
+    keyed = _outs(loop, [(b"k-%d" % i, None) for i in range(2)])
+    mixed = _outs(loop, [(b"a", None), (None, None), (b"c", 5)])
+    for seq, outs in ((7, keyed), (8, mixed)):
+        data = producer._encode(seq, outs)
+        header = wire.decode_entry_header(data)
+        general = wire.encode_entry(
+            "p-1", seq, [o.message() for o in outs], publish_time_ms=header.publish_time_ms
+        )
+        assert data == general
+        assert header.sequence_id == seq and header.message_count == len(outs)
+
+
+def test_consumer_messages_carry_every_field_of_the_entry() -> None:
+    msgs = [
+        wire.Message(b"x", key=b"k\xff", timestamp_ms=3, properties={"p": "q"}),
+        wire.Message(b"y"),
+    ]
+    entry = wire.encode_entry("prod", 4, msgs, publish_time_ms=99)
+    out = entry_messages(6, ReceivedEntry(12, 2, entry))
+    assert [(m.key_bytes, m.value, m.event_time_ms, dict(m.properties)) for m in out] == [
+        (b"k\xff", b"x", 3, {"p": "q"}),
+        (None, b"y", None, {}),
+    ]
+    for index, m in enumerate(out):
+        assert (m.segment_id, m.position, m.batch_index, m.batch_size) == (6, 12, index, 2)
+        assert (m.publish_time_ms, m.producer_name, m.redelivery_count) == (99, "prod", 2)
+    assert out[0].properties is not out[1].properties
