@@ -9,7 +9,7 @@ in-flight persist.
 
 Every event - a consumer registering, dropping, unregistering or reporting a drained segment, a
 grace period running out, a layout change, a drain observed by the controller - goes through the
-coordinator, and its result is carried out the same way (:meth:`ConsumerHub._apply`): push
+coordinator, and its result is carried out the same way (:meth:`CoordinatorDriver.apply`): push
 effects become assignment messages on the consumers' sockets, a persist effect becomes a call of
 ``persist`` (coalesced: the latest status wins), a change of the registered consumers calls
 ``on_consumers_changed`` (the consumer-count autoscale rule), and the timer is re-armed.
