@@ -97,6 +97,8 @@ class Step:
     server_cpu: float
     client_cpu: float
     server: dict[str, float] = field(default_factory=dict)
+    server_wait: float = 0.0
+    """Share of the step the server's threads were runnable but waiting for a CPU."""
 
     @property
     def flag(self) -> str:
@@ -302,7 +304,7 @@ class _Runner:
         stats, delta = self.system.stats, self.system.stats_delta
         before = stats(self.endpoint) if stats else {}
         spy = self._profiler(payload, kind, spec.duration)
-        c0, t0 = self.server.cpu(), time.monotonic()
+        c0, w0, t0 = self.server.cpu(), self.server.runqueue(), time.monotonic()
         result = self._produce(spec)
         if spy is not None:
             spy.wait(60)
@@ -310,7 +312,8 @@ class _Runner:
         server_cpu = (self.server.cpu() - c0) / wall
         client_cpu = result.client_cpu / result.wall if result.wall else 0.0
         server = delta(before, stats(self.endpoint), wall) if stats and delta else {}
-        step = Step(kind, result, server_cpu, client_cpu, server)
+        server_wait = (self.server.runqueue() - w0) / wall
+        step = Step(kind, result, server_cpu, client_cpu, server, server_wait)
         run = self.out.runs[payload]
         (run.probes if probe else run.steps).append(step)
         offered = "closed loop" if probe else f"{rate:,.0f}/s"
@@ -718,6 +721,8 @@ def _bottleneck(s: Step) -> str:
         sides.append("client CPU")
     if s.server.get("fsyncBusy", 0.0) >= BOUND:
         sides.append("disk (fsync)")
+    if not sides and s.server_cpu + s.server_wait >= BOUND:
+        sides.append(f"server CPU, starved by other load (waits for a core {s.server_wait:.0%})")
     return " + ".join(sides) or "no CPU saturated (disk or waiting)"
 
 
@@ -997,7 +1002,10 @@ def _side(sr: SystemRun | None, payload: int) -> str | None:
     probe = _median_probe(pr) if pr else None
     if probe is None:
         return None
-    return f"{_bottleneck(probe)} (server {probe.server_cpu:.0%}, client {probe.client_cpu:.0%})"
+    return (
+        f"{_bottleneck(probe)} (server {probe.server_cpu:.0%} + {probe.server_wait:.0%} waiting "
+        f"for a core, client {probe.client_cpu:.0%})"
+    )
 
 
 def _best_peer(
@@ -1317,6 +1325,7 @@ def run(report: Report, quick: bool) -> None:
                         {
                             "kind": s.kind,
                             "serverCpu": s.server_cpu,
+                            "serverRunqueueWait": s.server_wait,
                             "clientCpu": s.client_cpu,
                             "server": s.server,
                             **asdict(s.result),
