@@ -722,7 +722,7 @@ def _bottleneck(s: Step) -> str:
     if s.server.get("fsyncBusy", 0.0) >= BOUND:
         sides.append("disk (fsync)")
     if not sides and s.server_cpu + s.server_wait >= BOUND:
-        sides.append(f"server CPU, starved by other load (waits for a core {s.server_wait:.0%})")
+        sides.append("server CPU, starved by other load")
     return " + ".join(sides) or "no CPU saturated (disk or waiting)"
 
 
