@@ -31,7 +31,7 @@ from .s3_server import S3Server, minio_server
 from .test_recommender_job import NOW, RECOMMENDER, create_topics, traffic
 from .test_recommender_k8s import BASE_NS, JOBS, REPO
 
-pytestmark = [pytest.mark.spark, pytest.mark.integration]
+pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
