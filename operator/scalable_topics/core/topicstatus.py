@@ -412,17 +412,24 @@ def commit_operation(
     if operation.request_id:
         status = _update(
             status,
-            last_request=LastRequest.model_validate(
-                {
-                    "id": operation.request_id,
-                    "op": operation.kind.value,
-                    "result": RequestResult.SUCCEEDED,
-                    "message": message,
-                    "completedAt": when,
-                }
-            ),
+            last_request=_operation_outcome(operation, RequestResult.SUCCEEDED, message, when),
         )
     return status
+
+
+def _operation_outcome(
+    operation: Operation, result: RequestResult, message: str, when: str
+) -> LastRequest:
+    """``lastRequest`` for the manual request that ``operation`` carried out."""
+    return LastRequest.model_validate(
+        {
+            "id": operation.request_id,
+            "op": operation.kind.value,
+            "result": result,
+            "message": message,
+            "completedAt": when,
+        }
+    )
 
 
 def roll_back_operation(
@@ -433,18 +440,10 @@ def roll_back_operation(
     if status.operation is not None and status.operation.id == operation.id:
         status = _update(status, operation=None)
     if operation.request_id:
-        status = _update(
-            status,
-            last_request=LastRequest.model_validate(
-                {
-                    "id": operation.request_id,
-                    "op": operation.kind.value,
-                    "result": RequestResult.FAILED,
-                    "message": f"rolled back: {why}",
-                    "completedAt": format_time(now),
-                }
-            ),
+        outcome = _operation_outcome(
+            operation, RequestResult.FAILED, f"rolled back: {why}", format_time(now)
         )
+        status = _update(status, last_request=outcome)
     return status
 
 
