@@ -19,6 +19,7 @@ import logging
 import os
 import platform
 import ssl
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -392,14 +393,32 @@ class NodeKubelet:
         self._started = False
         if self._heartbeat is not None:
             self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+            await _bounded("heartbeat", self._heartbeat)
             self._heartbeat = None
-        await self.pods.stop()
-        await self.agent.stop()
+        await _bounded("pod sync", self.pods.stop())
+        await _bounded("pods", self.agent.stop())
         self.agent.ips.release_claim()
         if self._runner is not None:
-            await self._runner.cleanup()
+            await _bounded("log server", self._runner.cleanup())
             self._runner = None
             self.port = None
-        await self.client.close()
+        await _bounded("API client", self.client.close())
+
+
+STOP_STEP_TIMEOUT = 60.0
+"""Seconds one step of :meth:`NodeKubelet.stop` may take (the pods' own grace periods are
+bounded inside ``agent.stop``); a step that takes longer is logged and left behind, so stopping
+a node never hangs its caller."""
+
+
+async def _bounded(step: str, work: Awaitable[object]) -> None:
+    """Await ``work`` for at most :data:`STOP_STEP_TIMEOUT`; on timeout cancel it without
+    waiting (a task that ignores cancellation must not hang the stop) and log which step."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=STOP_STEP_TIMEOUT)
+    if not done:
+        task.cancel()
+        log.error("node stop: %s did not end within %.0f s; left behind", step, STOP_STEP_TIMEOUT)
+        return
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("node stop: %s failed: %r", step, task.exception())
