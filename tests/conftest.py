@@ -31,6 +31,7 @@ MODULE_SECONDS: dict[str, float] = {
     "tests/integration/test_operator_lost_status.py": 155,
     "tests/integration/test_operator_autoscale.py": 139,
     "tests/integration/test_recommender_k8s.py": 126,
+    "tests/integration/test_chaos_keyshared.py": 120,
     "tests/integration/test_docs_commands.py": 108,
     "tests/integration/test_localcluster_cli.py": 102,
     "tests/integration/test_operator_retention.py": 81,
