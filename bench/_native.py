@@ -169,26 +169,30 @@ def parse_redis_csv(stdout: str) -> dict[str, float]:
     return {h: float(v) for h, v in zip(header[1:], row[1:], strict=True)}
 
 
-def redis_produce(endpoint: dict[str, Any], payload: int, requests: int) -> StepResult:
-    argv = [
+def _redis_benchmark(
+    endpoint: dict[str, Any], clients: int, pipeline: int, requests: int, *command: str
+) -> list[str]:
+    """``redis-benchmark`` against ``endpoint`` repeating ``command``, CSV output."""
+    return [
         str(endpoint["redis_benchmark"]),
-        "-h",
-        str(endpoint["host"]),
-        "-p",
-        str(endpoint["port"]),
-        "-c",
-        str(REDIS_CONCURRENCY),
-        "-P",
-        str(REDIS_PIPELINE),
-        "-n",
-        str(requests),
-        "--csv",
+        *("-h", str(endpoint["host"]), "-p", str(endpoint["port"])),
+        *("-c", str(clients), "-P", str(pipeline), "-n", str(requests), "--csv"),
+        *command,
+    ]
+
+
+def redis_produce(endpoint: dict[str, Any], payload: int, requests: int) -> StepResult:
+    argv = _redis_benchmark(
+        endpoint,
+        REDIS_CONCURRENCY,
+        REDIS_PIPELINE,
+        requests,
         "XADD",
         redis_key(payload),
         "*",
         "f",
         "x" * payload,
-    ]
+    )
     run = checked(run_tool(pinned(argv), 600), "redis-benchmark XADD")
     d = parse_redis_csv(run.stdout)
     return StepResult(
@@ -219,19 +223,11 @@ def redis_consume(endpoint: dict[str, Any], payload: int, max_messages: int) -> 
     group = "native"
     _resp(endpoint, "XGROUP", "DESTROY", key, group)
     _resp(endpoint, "XGROUP", "CREATE", key, group, "0")
-    argv = [
-        str(endpoint["redis_benchmark"]),
-        "-h",
-        str(endpoint["host"]),
-        "-p",
-        str(endpoint["port"]),
-        "-c",
-        "1",
-        "-P",
-        "1",
-        "-n",
-        str(requests),
-        "--csv",
+    argv = _redis_benchmark(
+        endpoint,
+        1,
+        1,
+        requests,
         "XREADGROUP",
         "GROUP",
         group,
@@ -241,7 +237,7 @@ def redis_consume(endpoint: dict[str, Any], payload: int, max_messages: int) -> 
         "STREAMS",
         key,
         ">",
-    ]
+    )
     run = checked(run_tool(pinned(argv), 600), "redis-benchmark XREADGROUP")
     d = parse_redis_csv(run.stdout)
     received = requests * REDIS_CONSUME_BATCH
