@@ -156,39 +156,69 @@ async def ours_adapter(endpoint: dict[str, Any]) -> OursAdapter:
     return OursAdapter(endpoint)
 
 
+STAGE_METRIC = "segment_broker_produce_stage_seconds"
+STAGES = ("frame", "stage", "write", "sync", "visible", "ack")
+"""The broker's produce stages (`segment_broker_produce_stage_seconds{stage}`), in path order."""
+
+
 def fsync_stats(endpoint: dict[str, Any]) -> dict[str, float]:
-    """Cumulative flush (write + fdatasync) histogram of the broker
-    (`segment_broker_fsync_seconds`)."""
+    """Cumulative histograms of the broker: flushes (write + fdatasync,
+    `segment_broker_fsync_seconds`) under keys `le=…`, `count`, `sum`, and the produce stages
+    (`segment_broker_produce_stage_seconds{stage}`) under `<stage>:le=…`, `<stage>:count`,
+    `<stage>:sum`."""
     with urllib.request.urlopen(f"{endpoint['url']}/metrics", timeout=10) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if not line.startswith("segment_broker_fsync_seconds"):
+        if line.startswith("segment_broker_fsync_seconds"):
+            prefix, name = "", line[len("segment_broker_fsync_seconds") :]
+        elif line.startswith(STAGE_METRIC):
+            name = line[len(STAGE_METRIC) :]
+            prefix = name.split('stage="', 1)[1].split('"', 1)[0] + ":"
+        else:
             continue
-        name, _, value = line.rpartition(" ")
-        if name.startswith("segment_broker_fsync_seconds_bucket"):
+        name, _, value = name.rpartition(" ")
+        if name.startswith("_bucket"):
             le = name.split('le="', 1)[1].split('"', 1)[0]
-            out[f"le={le}"] = float(value)
-        elif name.endswith(("_count", "_sum")):
-            out[name.rsplit("_", 1)[1]] = float(value)
+            out[f"{prefix}le={le}"] = float(value)
+        elif name.startswith(("_count", "_sum")):
+            out[prefix + name[1:].split("{", 1)[0]] = float(value)
     return out
 
 
-def fsync_delta(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float]:
-    """Per-step group-commit figures: syncs/s, mean and ~p99 (bucket upper bound), busy share."""
-    count = after.get("count", 0.0) - before.get("count", 0.0)
-    total = after.get("sum", 0.0) - before.get("sum", 0.0)
+def _histogram_delta(
+    before: dict[str, float], after: dict[str, float], prefix: str
+) -> tuple[float, float, float]:
+    """(count, sum, ~p99 as the upper bound of its bucket) of one histogram between scrapes."""
+    count = after.get(f"{prefix}count", 0.0) - before.get(f"{prefix}count", 0.0)
+    total = after.get(f"{prefix}sum", 0.0) - before.get(f"{prefix}sum", 0.0)
+    le_key = f"{prefix}le="
     buckets = sorted(
-        (float(k[3:]), after[k] - before.get(k, 0.0)) for k in after if k.startswith("le=")
+        (float(k[len(le_key) :]), after[k] - before.get(k, 0.0))
+        for k in after
+        if k.startswith(le_key)
     )
     p99 = float("nan")
     for le, n in buckets:
         if count and n >= 0.99 * count:
             p99 = le
             break
-    return {
+    return count, total, p99
+
+
+def fsync_delta(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float]:
+    """Per-step figures: syncs/s, flush mean and ~p99 (bucket upper bound), busy share; per
+    produce stage its mean and ~p99 (`<stage>MeanMs`, `<stage>P99LeMs`)."""
+    count, total, p99 = _histogram_delta(before, after, "")
+    out = {
         "fsyncPerSec": count / wall if wall else 0.0,
         "fsyncMeanMs": total / count * 1000 if count else 0.0,
         "fsyncP99LeMs": p99 * 1000,
         "fsyncBusy": total / wall if wall else 0.0,
     }
+    for stage in STAGES:
+        n, stage_total, stage_p99 = _histogram_delta(before, after, f"{stage}:")
+        if n:
+            out[f"{stage}MeanMs"] = stage_total / n * 1000
+            out[f"{stage}P99LeMs"] = stage_p99 * 1000
+    return out

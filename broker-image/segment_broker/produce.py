@@ -5,6 +5,7 @@ acknowledged in send order once the group commit covering them is durable (docs/
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from typing import Any
 
@@ -126,6 +127,7 @@ class ProducerConnection(Connection):
         if self.refused:
             return
         assert self.hosted is not None
+        started = time.perf_counter()
         seg = self.hosted.segment
         buckets = seg.meta.buckets
         unacked = self.unacked
@@ -176,6 +178,7 @@ class ProducerConnection(Connection):
             self.out_event.set()
         if self.inflight_bytes > self.window:
             self.window_open.clear()
+        self.metrics.observe_stage("frame", time.perf_counter() - started)
 
     def _checked_entries(self, data: bytes) -> list[tuple[memoryview, wire.EntryHeader]]:
         """Every entry of a SEND frame with its header, validated before any is staged: a
@@ -222,6 +225,7 @@ class ProducerConnection(Connection):
         if acks:
             self.out.append(wire.encode_send_ack(acks))
         if freed:
+            self.metrics.observe_stage("ack", time.perf_counter() - seg.visible_at)
             self.inflight_bytes -= freed
             if self.inflight_bytes <= self.window:
                 self.window_open.set()

@@ -211,6 +211,7 @@ class SegmentStore:
             self.settings,
             self.executor,
             on_fsync=self.metrics.fsync_seconds.observe,
+            on_stage=self.metrics.observe_stage,
             on_durable_entries=on_durable if load is not None else None,
         )
         report = await seg.open()

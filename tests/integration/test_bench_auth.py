@@ -50,6 +50,11 @@ def test_quick_bench_measures_produce_with_authentication_on_and_off(tmp_path: P
             run = s["runs"][payload]
             assert run["saturation"] > 0
             assert run["steps"][1]["kind"] == "80%" and run["steps"][1]["p99_ms"] > 0
+            for step in run["steps"]:
+                server = step["server"]
+                for stage in ("frame", "stage", "write", "sync", "visible", "ack"):
+                    mean, p99 = server[f"{stage}MeanMs"], server[f"{stage}P99LeMs"]
+                    assert mean > 0 and p99 > 0, (stage, server)
     costs = {
         f["labels"]["payload"]: f["value"]
         for f in section["figures"]
@@ -65,5 +70,7 @@ def test_quick_bench_measures_produce_with_authentication_on_and_off(tmp_path: P
         assert ratios and abs(cost - 100 * (1 - statistics.median(ratios))) < 1e-6
     markdown = (out / "latest.md").read_text()
     assert "Authentication cost (same run, interleaved" in markdown
+    assert "where an entry's time goes, by stage" in markdown
+    assert "p99 <= 10 ms at 50 % of saturation, 1024 B" in markdown
     assert "authentication costs < 5% throughput, 100 B" in markdown
     assert _apiservers_under(scratch) == []

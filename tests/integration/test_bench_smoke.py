@@ -47,7 +47,7 @@ def test_quick_bench_runs_the_peers_and_stops_them(tmp_path: Path) -> None:
         for payload in ("100", "1024"):
             run = s["runs"][payload]
             assert run["saturation"] > 0
-            assert [st["kind"] for st in run["steps"]] == ["probe", "80%"]
+            assert [st["kind"] for st in run["steps"]] == ["probe", "80%", "50%"]
             at80 = run["steps"][1]
             assert at80["recorded"] > 0
             assert 0 < at80["p50_ms"] <= at80["p99_ms"] <= at80["max_ms"]

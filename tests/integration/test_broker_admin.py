@@ -134,6 +134,15 @@ async def test_metrics_expose_backlog_fsync_and_counters(tmp_path: Path) -> None
         assert value("segment_broker_produced_messages_total") == 12
         assert value("segment_broker_entries_in_flight") == 0
         assert samples[("segment_broker_fsync_seconds_count", ())] >= 1
+
+        def stage_count(stage: str) -> float:
+            return samples[("segment_broker_produce_stage_seconds_count", (("stage", stage),))]
+
+        chunks = stage_count("stage")
+        assert 1 <= chunks <= 4
+        assert stage_count("write") == stage_count("sync") == stage_count("visible") == chunks
+        assert 1 <= stage_count("frame") <= 4
+        assert 1 <= stage_count("ack") <= 4
         assert samples[("segment_broker_torn_tail_truncations_total", ())] == 0
         stats = await admin.stats(NS, TOPIC, 5)
         assert stats["counters"]["messagesIn"] == 12
@@ -222,3 +231,4 @@ async def test_a_storage_failure_is_reported_and_the_broker_keeps_serving(tmp_pa
         producer = await SegmentProducer.connect(rb.url, NS, TOPIC, 0, "p")
         assert (await (await producer.send_entry([Message(b"still served")]))).position == 0
         await producer.close()
+

@@ -205,3 +205,39 @@ async def test_interval_mode_acks_after_write_and_syncs_periodically(
     await _until(lambda: seg.log.durable_position == 29, "the periodic sync")
     assert seg.fsyncs >= 1
     await seg.close()
+
+
+@pytest.mark.parametrize("fsync", ["always", "interval"])
+async def test_commit_stages_are_timed_per_chunk_and_a_slow_sync_shows_in_sync(
+    tmp_path: Path, executor: ThreadPoolExecutor, syncs: SyncRecorder, fsync: str
+) -> None:
+    """Each chunk is reported once per stage of the group commit; time spent in a held sync is
+    attributed to ``sync`` (always mode), not to ``write`` or ``visible``; interval mode has no
+    sync on the ack path and reports none."""
+    seen: list[tuple[str, float]] = []
+    seg = await _open(tmp_path / "s", executor, fsync=fsync, fsync_interval_ms=3_600_000)
+    seg.on_stage = lambda stage, seconds: seen.append((stage, seconds))
+    hold = 0.08
+    syncs.release.clear()
+    _append(seg, 0, 100)
+    if fsync == "always":
+        await _until(syncs.entered.is_set, "the first sync to start")
+        await asyncio.sleep(hold)
+    syncs.release.set()
+    await _until(lambda: seg.visible_position == 0, "the first chunk visible")
+    for seq in range(1, 6):
+        _append(seg, seq, 100)
+        await _until(lambda seq=seq: seg.visible_position == seq, f"chunk {seq} visible")  # type: ignore[misc]
+    by_stage: dict[str, list[float]] = {}
+    for stage, seconds in seen:
+        assert seconds >= 0, (stage, seconds)
+        by_stage.setdefault(stage, []).append(seconds)
+    if fsync == "always":
+        assert sorted(by_stage) == ["stage", "sync", "visible", "write"]
+        assert all(len(v) == 6 for v in by_stage.values()), by_stage
+        assert by_stage["sync"][0] >= hold, by_stage
+        assert by_stage["write"][0] < hold and by_stage["visible"][0] < hold, by_stage
+    else:
+        assert sorted(by_stage) == ["stage", "visible", "write"]
+        assert all(len(v) == 6 for v in by_stage.values()), by_stage
+    await seg.close()

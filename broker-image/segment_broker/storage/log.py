@@ -708,6 +708,21 @@ class SegmentLog:
         return sum(f.size for f in self.files)
 
 
+@dataclass(frozen=True)
+class WriterProgress:
+    """What a :class:`LogWriter` reports to the event loop (:meth:`LogWriter.take`)."""
+
+    written: int
+    synced: int
+    sync_durations: list[float]
+    written_at: list[tuple[int, float]]
+    """``(last position written, time.perf_counter())`` per write, in order."""
+    synced_at: list[tuple[int, float]]
+    """``(last position covered, time.perf_counter())`` per completed sync, in order."""
+    rolls: int
+    error: BaseException | None
+
+
 class LogWriter:
     """Pipelined group commit for one segment log: a writer thread and a syncer thread.
 
@@ -751,6 +766,8 @@ class LogWriter:
         self.written_position = synced_position
         self.synced_position = synced_position
         self._sync_durations: list[float] = []
+        self._written_at: list[tuple[int, float]] = []
+        self._synced_at: list[tuple[int, float]] = []
         self._rolls_done = 0
         self.error: BaseException | None = None
         self._writer = threading.Thread(target=self._write_loop, name=f"log-write {name}")
@@ -774,16 +791,24 @@ class LogWriter:
             self._ops.append(path)
             self._writer_cv.notify()
 
-    def take(self) -> tuple[int, int, list[float], int, BaseException | None]:
-        """``(written, synced, sync durations, rolls completed, error)`` since the last call;
-        re-arms ``notify``."""
+    def take(self) -> WriterProgress:
+        """What happened since the last call; re-arms ``notify``."""
         with self._lock:
             self._notified = False
-            durations = self._sync_durations
+            progress = WriterProgress(
+                self.written_position,
+                self.synced_position,
+                self._sync_durations,
+                self._written_at,
+                self._synced_at,
+                self._rolls_done,
+                self.error,
+            )
             self._sync_durations = []
-            rolls = self._rolls_done
+            self._written_at = []
+            self._synced_at = []
             self._rolls_done = 0
-            return self.written_position, self.synced_position, durations, rolls, self.error
+            return progress
 
     def stop(self, *, final_sync: bool = True) -> None:
         """Blocking: write what was submitted, sync it (unless ``final_sync`` is false or a
@@ -867,8 +892,10 @@ class LogWriter:
                 views.pop(0)
             if n:
                 views[0] = views[0][n:]
+        done = time.perf_counter()
         with self._lock:
             self.written_position = last_position
+            self._written_at.append((last_position, done))
             self._syncer_cv.notify()
             if not self.sync_each:
                 self._notify()
@@ -883,12 +910,14 @@ class LogWriter:
         if need_sync:
             t0 = time.perf_counter()
             fdatasync(old)
-            elapsed = time.perf_counter() - t0
+            done = time.perf_counter()
+            elapsed = done - t0
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         fsync_dir(self.directory)
         with self._lock:
             if need_sync:
                 self._sync_durations.append(elapsed)
+                self._synced_at.append((written, done))
                 if written > self.synced_position:
                     self.synced_position = written
             self._retired.append(old)
@@ -926,9 +955,11 @@ class LogWriter:
                     fd = self._fd
                 t0 = time.perf_counter()
                 fdatasync(fd)
-                elapsed = time.perf_counter() - t0
+                done = time.perf_counter()
+                elapsed = done - t0
                 with self._lock:
                     self._sync_durations.append(elapsed)
+                    self._synced_at.append((target, done))
                     if target > self.synced_position:
                         self.synced_position = target
                     self._notify()

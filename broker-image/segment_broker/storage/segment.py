@@ -98,6 +98,16 @@ _OFF_MSG_COUNT = 18
 
 
 DurableListener = Callable[[int], None]
+StageObserver = Callable[[str, float], None]
+"""``(stage, seconds)``: how long a chunk of staged entries spent in one stage of the group
+commit (:data:`COMMIT_STAGES`)."""
+
+COMMIT_STAGES = ("stage", "write", "sync", "visible")
+"""The group commit's stages, each measured per chunk (what one event-loop pass staged):
+``stage`` first entry staged → chunk handed to the writer thread (the rest of the loop pass);
+``write`` handed over → written (the writer's queue and ``writev``); ``sync`` written → covered
+by a completed ``fdatasync`` (waiting for the syncer, then the sync); ``visible`` synced → the
+event loop marks it visible and calls the listeners (the thread-to-loop handoff)."""
 
 
 class Segment:
@@ -112,6 +122,7 @@ class Segment:
         *,
         on_fsync: Callable[[float], None] | None = None,
         on_durable_entries: Callable[[list[tuple[int, int, int | None]]], None] | None = None,
+        on_stage: StageObserver | None = None,
     ) -> None:
         self.directory = directory
         self.meta = meta
@@ -145,6 +156,10 @@ class Segment:
         """Called once when a read finds the log damaged (recovery's finding is in ``recovery``)."""
         self.on_fsync = on_fsync
         self.on_durable_entries = on_durable_entries
+        self.on_stage = on_stage
+        self.visible_at = 0.0
+        """``time.perf_counter()`` when ``visible_position`` last advanced."""
+        self._staged_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer: LogWriter | None = None
         self._submit_scheduled = False
@@ -152,8 +167,11 @@ class Segment:
         """Set whenever ``visible_position`` advances or the log fails."""
         self._tasks: list[asyncio.Task[None]] = []
         self._pending_load: list[tuple[int, int, int | None]] = []
-        self._chunks: deque[tuple[int, list[tuple[int, int, int | None]]]] = deque()
-        """Submitted, not yet visible chunks: ``(last position, per-entry load)``."""
+        self._chunks: deque[tuple[int, list[tuple[int, int, int | None]], float, float]] = deque()
+        """Submitted, not yet visible chunks: ``(last position, per-entry load, first entry
+        staged at, submitted at)``."""
+        self._written_at: deque[tuple[int, float]] = deque()
+        self._synced_at: deque[tuple[int, float]] = deque()
         self._rolls: deque[tuple[LogFile, int, dict[str, tuple[int, int]]]] = deque()
         """Queued rolls: ``(filled file, next base, dedup snapshot below it)``."""
         self.cache = EntryCache(settings.cache_bytes)
@@ -322,6 +340,7 @@ class Segment:
         self._pending_load.append((header.message_count, len(entry), header.key_hash_sample))
         if not self._submit_scheduled and self._loop is not None:
             self._submit_scheduled = True
+            self._staged_at = time.perf_counter()
             self._loop.call_soon(self._submit)
         return pos, False
 
@@ -339,7 +358,7 @@ class Segment:
         loads = self._pending_load
         self._pending_load = []
         data, last, filled = lg.commit_chunk()
-        self._chunks.append((last, loads))
+        self._chunks.append((last, loads, self._staged_at, time.perf_counter()))
         writer.submit_write(data, last)
         if filled is not None:
             base = filled.next_position
@@ -352,23 +371,34 @@ class Segment:
         writer = self._writer
         if writer is None:
             return
-        written, synced, durations, rolls, error = writer.take()
-        for elapsed in durations:
+        progress = writer.take()
+        for elapsed in progress.sync_durations:
             self.fsyncs += 1
             if self.on_fsync is not None:
                 self.on_fsync(elapsed)
-        for _ in range(rolls):
+        for _ in range(progress.rolls):
             self._finish_roll(*self._rolls.popleft())
         lg = self.log
-        lg.mark_written(written)
-        lg.mark_durable(synced)
-        target = synced if self.settings.fsync == "always" else written
+        lg.mark_written(progress.written)
+        lg.mark_durable(progress.synced)
+        observe = self.on_stage
+        if observe is not None:
+            self._written_at.extend(progress.written_at)
+            if self.settings.fsync == "always":
+                self._synced_at.extend(progress.synced_at)
+        error = progress.error
+        target = progress.synced if self.settings.fsync == "always" else progress.written
         if target > self.visible_position and not self.failed:
             loads: list[tuple[int, int, int | None]] = []
             chunks = self._chunks
+            now = time.perf_counter()
             while chunks and chunks[0][0] <= target:
-                loads.extend(chunks.popleft()[1])
+                last, chunk_loads, staged_at, submitted_at = chunks.popleft()
+                loads.extend(chunk_loads)
+                if observe is not None:
+                    self._observe_stages(observe, last, staged_at, submitted_at, now)
             self.visible_position = target
+            self.visible_at = now
             self.entries_in += len(loads)
             for count, nbytes, _ in loads:
                 self.messages_in += count
@@ -385,6 +415,31 @@ class Segment:
             self._progress.set()
             for cb in list(self.seal_listeners):
                 cb()
+
+    def _observe_stages(
+        self, observe: StageObserver, last: int, staged_at: float, submitted_at: float, now: float
+    ) -> None:
+        """Report one chunk's time in each stage; the writer's marks below it are dropped."""
+        written_at = self._first_mark(self._written_at, last)
+        observe("stage", submitted_at - staged_at)
+        if written_at is None:
+            return
+        observe("write", written_at - submitted_at)
+        if self.settings.fsync != "always":
+            observe("visible", now - written_at)
+            return
+        synced_at = self._first_mark(self._synced_at, last)
+        if synced_at is None:
+            return
+        observe("sync", synced_at - written_at)
+        observe("visible", now - synced_at)
+
+    @staticmethod
+    def _first_mark(marks: deque[tuple[int, float]], position: int) -> float | None:
+        """The time of the first mark covering ``position`` (older marks are discarded)."""
+        while marks and marks[0][0] < position:
+            marks.popleft()
+        return marks[0][1] if marks else None
 
     def _finish_roll(self, old: LogFile, base: int, snapshot: dict[str, tuple[int, int]]) -> None:
         """After the writer switched files: write the filled file's index and the dedup
