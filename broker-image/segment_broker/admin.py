@@ -38,9 +38,18 @@ class AdminRoutes:
         r.add_delete(seg + "/subscriptions/{subscription}", self.delete_subscription)
 
     async def list_segments(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {"segments": [_summary(h) for h in sorted(self.store, key=_sort_key)]}
+        """Every hosted segment, or with ``?namespace=…&topic=…`` one topic's (from an index:
+        the controller asks at every new topic's first reconcile, and a listing of everything
+        then made creating N topics cost O(N²))."""
+        namespace, topic = request.query.get("namespace"), request.query.get("topic")
+        if (namespace is None) != (topic is None):
+            return json_error("BadRequest", "namespace and topic filter only together")
+        hosted = (
+            self.store.of_topic(namespace, topic)
+            if namespace is not None and topic is not None
+            else list(self.store)
         )
+        return web.json_response({"segments": [_summary(h) for h in sorted(hosted, key=_sort_key)]})
 
     async def create_segment(self, request: web.Request) -> web.Response:
         async def action() -> web.Response:

@@ -133,6 +133,11 @@ class SegmentStore:
         self.tracker = tracker
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="segment-io")
         self.segments: dict[SEGMENT_KEY, HostedSegment] = {}
+        self._by_topic: dict[tuple[str, str], dict[int, HostedSegment]] = {}
+        """The same segments per ``(namespace, topic)``: a topic's listing does not scan them
+        all (the controller asks for one topic's at every new topic's first reconcile)."""
+        self._shared_among = 0
+        """How many segments the cache budget was last split among (:meth:`_share_cache`)."""
         self._locks: dict[SEGMENT_KEY, asyncio.Lock] = {}
         self._sampler: asyncio.Task[None] | None = None
         self.unrecoverable: dict[str, str] = {}
@@ -150,6 +155,24 @@ class SegmentStore:
 
     def __iter__(self) -> Iterator[HostedSegment]:
         return iter(list(self.segments.values()))
+
+    def of_topic(self, namespace: str, topic: str) -> list[HostedSegment]:
+        return list(self._by_topic.get((namespace, topic), {}).values())
+
+    def _index(self, key: SEGMENT_KEY, hosted: HostedSegment) -> None:
+        self.segments[key] = hosted
+        self._by_topic.setdefault(key[:2], {})[key[2]] = hosted
+        self._share_cache(hosted)
+
+    def _unindex(self, key: SEGMENT_KEY) -> HostedSegment | None:
+        hosted = self.segments.pop(key, None)
+        if hosted is not None:
+            of_topic = self._by_topic[key[:2]]
+            del of_topic[key[2]]
+            if not of_topic:
+                del self._by_topic[key[:2]]
+            self._share_cache()
+        return hosted
 
     def _lock(self, key: SEGMENT_KEY) -> asyncio.Lock:
         lock = self._locks.get(key)
@@ -222,8 +245,7 @@ class SegmentStore:
             load.backlog_source = hosted.backlog
         for name in seg.cursors:
             hosted.add_dispatcher(name)
-        self.segments[(meta.namespace, meta.topic, meta.segment_id)] = hosted
-        self._share_cache()
+        self._index((meta.namespace, meta.topic, meta.segment_id), hosted)
         seg.corruption_listeners.add(functools.partial(self._quarantined, hosted))
         if report.corruption is not None:
             # The marker is on disk before the broker reports ready: a restart with a good
@@ -297,7 +319,7 @@ class SegmentStore:
                     f"segment {name} is corrupted at position {corruption.position}, not "
                     f"{position}; truncate it there"
                 )
-            del self.segments[key]
+            self._unindex(key)
             for sub in list(hosted.dispatchers):
                 hosted.remove_dispatcher(sub)
             for conn in list(hosted.connections):
@@ -327,9 +349,18 @@ class SegmentStore:
             self.metrics.corruption_truncations.inc()
             return hosted, report
 
-    def _share_cache(self) -> None:
-        """Split the process-wide cache budget evenly among the hosted segments."""
-        share = max(MIN_CACHE_BYTES, self.cache_budget // max(1, len(self.segments)))
+    def _share_cache(self, added: HostedSegment | None = None) -> None:
+        """Split the process-wide cache budget evenly among the hosted segments. Every segment
+        is re-limited only when their number moved by an eighth since the last split (so
+        opening N segments costs O(N), not O(N²)); in between, a new segment gets the current
+        share, and the budget is overshot by at most an eighth."""
+        n = len(self.segments)
+        share = max(MIN_CACHE_BYTES, self.cache_budget // max(1, n))
+        if abs(n - self._shared_among) * 8 <= self._shared_among:
+            if added is not None:
+                added.segment.cache_limit = share
+            return
+        self._shared_among = n
         for hosted in self.segments.values():
             hosted.segment.cache_limit = share
 
@@ -435,10 +466,9 @@ class SegmentStore:
     async def delete(self, namespace: str, topic: str, segment_id: int) -> bool:
         key = (namespace, topic, segment_id)
         async with self._lock(key):
-            hosted = self.segments.pop(key, None)
+            hosted = self._unindex(key)
             if hosted is None:
                 return False
-            self._share_cache()
             for name in list(hosted.dispatchers):
                 hosted.remove_dispatcher(name)
             for conn in list(hosted.connections):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 
@@ -178,8 +179,16 @@ class SegmentAdmin:
         """The segment's stats, or ``None`` when the broker does not host it."""
         return await self._call_or_missing("GET", self._path(namespace, topic, segment_id))
 
-    async def list_segments(self) -> list[dict[str, Any]]:
-        return list((await self._call("GET", ""))["segments"])
+    async def list_segments(
+        self, namespace: str | None = None, topic: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Summaries of the hosted segments: all, or one topic's (give both names)."""
+        query = (
+            ""
+            if namespace is None or topic is None
+            else "?" + urlencode({"namespace": namespace, "topic": topic})
+        )
+        return list((await self._call("GET", query))["segments"])
 
     async def create_subscription(
         self,

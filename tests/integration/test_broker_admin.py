@@ -232,3 +232,25 @@ async def test_a_storage_failure_is_reported_and_the_broker_keeps_serving(tmp_pa
         assert (await (await producer.send_entry([Message(b"still served")]))).position == 0
         await producer.close()
 
+
+async def test_listing_one_topics_segments_uses_the_filter_and_follows_deletes(
+    tmp_path: Path,
+) -> None:
+    async with running_broker(tmp_path) as rb, SegmentAdmin(rb.url) as admin:
+        for ns, topic, sid in ((NS, "t", 0), (NS, "t", 1), (NS, "t2", 0), ("other", "t", 0)):
+            await admin.create_segment(ns, topic, sid, 0, 0xFFFF)
+        assert len(await admin.list_segments()) == 4
+        mine = await admin.list_segments(NS, "t")
+        assert [(s["namespace"], s["topic"], s["segmentId"]) for s in mine] == [
+            (NS, "t", 0),
+            (NS, "t", 1),
+        ]
+        assert await admin.list_segments(NS, "absent") == []
+        assert await admin.delete_segment(NS, "t", 0)
+        assert [s["segmentId"] for s in await admin.list_segments(NS, "t")] == [1]
+        assert await admin.delete_segment(NS, "t", 1)
+        assert await admin.list_segments(NS, "t") == []
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{rb.url}/admin/v1/segments?namespace={NS}") as r:
+                assert r.status == 400
+                assert (await r.json())["error"]["code"] == "BadRequest"

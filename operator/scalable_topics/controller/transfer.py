@@ -37,6 +37,7 @@ from ..core.transfer import (
     BrokerView,
     Endpoint,
     SegmentRate,
+    ShedMove,
     ShedPolicy,
     Transfer,
     TransferPhase,
@@ -68,6 +69,11 @@ CATCH_UP_PASSES = 8
 """Catch-up passes before the source is fenced anyway (producers outrunning the copy)."""
 MAX_STEPS = 64
 RETRY_AFTER = 2.0
+SHED_DECISION_SECONDS = 1.0
+"""How long one load-shedding decision serves the reconciles that ask for it: it scans every
+Segment, and made per reconcile it cost O(topics²) per resync pass (10,000 topics: 200 million
+Segment reads every pass). Broker load reports come every 10 s, so a second-old decision is
+current."""
 
 EventSink = Callable[[JsonObj, str, str, str], Awaitable[None]]
 Requeue = Callable[[tuple[str, str], float], None]
@@ -104,9 +110,12 @@ class TransferExecutor:
         self.fault = fault_point(TRANSFER_FAULT_POINTS)
         self._fenced_at: dict[str, float] = {}
         self._announced: set[str] = set()
+        """Draining pods whose ``Drained`` event was posted (again after an uncordon)."""
         self.shed_policy = ShedPolicy()
         self._last_shed_at: float | None = None
-        """Draining pods whose ``Drained`` event was posted (again after an uncordon)."""
+        self._shed_decision: tuple[float, ShedMove | None] | None = None
+        """``(when made, move)``: see :data:`SHED_DECISION_SECONDS`."""
+        self._decision_clock: Callable[[], float] = time.monotonic
 
     def _crash_point(self, point: str) -> None:
         crash_after(self.fault, point)
@@ -258,20 +267,7 @@ class TransferExecutor:
         cooldown between moves), move its hottest movable segment if it is this topic's."""
         if not self.shed_policy.enabled or (topic.get("status") or {}).get("operation"):
             return topic
-        eligible = sorted(n for n, p in self.cache.brokers.items() if p.ready and not p.cordoned)
-        rates: list[SegmentRate] = []
-        for (ns, name), segments in self.cache.segments.items():
-            for sid, segment in segments.items():
-                status = segment.get("status") or {}
-                if status.get("transfer"):
-                    return topic  # one move at a time
-                pod = recorded_broker(segment)
-                if status.get("state") == "Active" and pod:
-                    rate = float((status.get("load") or {}).get("msgRateIn") or 0.0)
-                    rates.append(SegmentRate((ns, name, sid), pod, rate))
-        move = choose_shed(
-            eligible, rates, self.shed_policy, now=self.clock(), last_shed_at=self._last_shed_at
-        )
+        move = self._shed_move()
         meta = topic["metadata"]
         if move is None or move.key[:2] != (meta["namespace"], meta["name"]):
             return topic
@@ -280,6 +276,7 @@ class TransferExecutor:
         if not url:
             return topic
         self._last_shed_at = self.clock()
+        self._shed_decision = None
         LOAD_SHEDS.inc()
         await self.events(topic, "Normal", "LoadShed", f"segment {move.key[2]}: {move.reason}")
         log.info("load shedding: segment %s: %s", move.key, move.reason)
@@ -294,6 +291,39 @@ class TransferExecutor:
             )
         except Conflict:
             return topic
+
+    def _shed_move(self) -> ShedMove | None:
+        """The current load-shedding decision, made again once it is older than
+        :data:`SHED_DECISION_SECONDS`."""
+        now = self._decision_clock()
+        if self._shed_decision is not None and now - self._shed_decision[0] < SHED_DECISION_SECONDS:
+            return self._shed_decision[1]
+        rates = self._segment_rates()
+        move = None
+        if rates is not None:
+            eligible = sorted(
+                n for n, p in self.cache.brokers.items() if p.ready and not p.cordoned
+            )
+            move = choose_shed(
+                eligible, rates, self.shed_policy, now=self.clock(), last_shed_at=self._last_shed_at
+            )
+        self._shed_decision = (now, move)
+        return move
+
+    def _segment_rates(self) -> list[SegmentRate] | None:
+        """Every Active segment's produce rate and broker; None while a move runs (one move at
+        a time)."""
+        rates: list[SegmentRate] = []
+        for (ns, name), segments in self.cache.segments.items():
+            for sid, segment in segments.items():
+                status = segment.get("status") or {}
+                if status.get("transfer"):
+                    return None
+                pod = recorded_broker(segment)
+                if status.get("state") == "Active" and pod:
+                    rate = float((status.get("load") or {}).get("msgRateIn") or 0.0)
+                    rates.append(SegmentRate((ns, name, sid), pod, rate))
+        return rates
 
     # -- the loop -------------------------------------------------------------------------------
 
