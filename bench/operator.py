@@ -42,6 +42,7 @@ TOPIC_NAMESPACE = "bench"
 TARGET_TOPICS = 1000
 TARGET_SECONDS = 60.0
 SEGMENTS_PER_TOPIC = 2
+RSS = "process_resident_memory_bytes"
 RESYNC_SECONDS = 30.0
 """``--resync-interval`` of the local overlay's operator."""
 
@@ -123,6 +124,7 @@ async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
                 return len(ready) == 4 and len(items) == 4
 
             await _until(pods_ready, 120, "3 brokers and 1 operator ready")
+            result["operator_rss_at_rest"] = (await _operator_metrics(api))[RSS]
             created = await api.create(namespaces, None, {"metadata": {"name": TOPIC_NAMESPACE}})
             ready: set[str] = set()
             all_ready = asyncio.Event()
@@ -178,7 +180,9 @@ async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
             result["window_seconds"] = window
             result["writes"] = dict(writes)
             result["writes_total"] = total
-            result["operator_metrics"] = await _operator_metrics(api)
+            metrics = await _operator_metrics(api)
+            result["operator_rss"] = metrics.pop(RSS)
+            result["operator_metrics"] = metrics
         finally:
             await api.close()
     return result
@@ -231,7 +235,9 @@ async def _operator_metrics(api: Any) -> dict[str, float]:
     wanted: dict[str, float] = {}
     for line in text.splitlines():
         match = re.match(
-            r"^(scalable_topic_(?:status_writes_total|reconciles_total)\{[^}]*\}) (\S+)$", line
+            r"^(scalable_topic_(?:status_writes_total|reconciles_total)\{[^}]*\}|"
+            r"process_resident_memory_bytes) (\S+)$",
+            line,
         )
         if match:
             wanted[match.group(1)] = float(match.group(2))
@@ -243,6 +249,8 @@ def _record(section: Section, r: dict[str, Any]) -> None:
     segments = r["segments"]
     section.figure("ready_seconds", r["ready_seconds"], "s", topics=str(topics))
     section.figure("topics_per_second", topics / r["ready_seconds"], "topics/s")
+    per_topic = (r["operator_rss"] - r["operator_rss_at_rest"]) / topics
+    section.figure("operator_memory_per_topic", per_topic / 1024, "KiB", topics=str(topics))
     hours = r["window_seconds"] / 3600.0
     writes = r["writes"]
     per_segment = (writes.get("ScalableTopic", 0) + writes.get("Segment", 0)) / segments / hours
@@ -257,7 +265,10 @@ def _record(section: Section, r: dict[str, Any]) -> None:
     )
     section.note(
         f"{topics} topics created in {r['create_seconds']:.1f} s; all Ready "
-        f"{r['ready_seconds']:.1f} s after the first create. Operator counters: "
+        f"{r['ready_seconds']:.1f} s after the first create. Operator resident memory "
+        f"{r['operator_rss_at_rest'] / 2**20:.0f} MiB before the first topic, "
+        f"{r['operator_rss'] / 2**20:.0f} MiB after the window ({per_topic / 1024:.1f} KiB per "
+        "topic). Operator counters: "
         + ", ".join(f"{k} = {v:g}" for k, v in sorted(r["operator_metrics"].items()))
     )
     section.note(
