@@ -140,6 +140,8 @@ class SegmentStore:
         """How many segments the cache budget was last split among (:meth:`_share_cache`)."""
         self._locks: dict[SEGMENT_KEY, asyncio.Lock] = {}
         self._sampler: asyncio.Task[None] | None = None
+        self._housekeeper: asyncio.Task[None] | None = None
+        self._due: set[Segment] = set()
         self.unrecoverable: dict[str, str] = {}
         self.cache_budget = settings.cache_bytes
         self.corruption_status = (
@@ -152,6 +154,22 @@ class SegmentStore:
             for hosted in self:
                 hosted.sample(now)
             await asyncio.sleep(1.0)
+
+    async def _housekeeping_loop(self) -> None:
+        """Every ``cursor_flush_ms`` the segments that became due (a cursor changed, the log
+        rolled), and once a second every segment (time retention of idle ones): changed
+        cursors persisted and retention applied, in the background (:meth:`Segment.housekeep`)."""
+        period = self.settings.cursor_flush_ms / 1000.0
+        every = max(1, round(1.0 / period))
+        tick = 0
+        while True:
+            await asyncio.sleep(period)
+            tick += 1
+            due, self._due = self._due, set()
+            if tick % every == 0:
+                due = {hosted.segment for hosted in self.segments.values()}
+            for segment in due:
+                segment.housekeep()
 
     def __iter__(self) -> Iterator[HostedSegment]:
         return iter(list(self.segments.values()))
@@ -197,6 +215,7 @@ class SegmentStore:
                 self.unrecoverable[str(directory)] = str(exc)
         log.info("recovered %d segments from %s", len(metas), self.data_dir)
         self._sampler = asyncio.get_running_loop().create_task(self._sample_loop())
+        self._housekeeper = asyncio.get_running_loop().create_task(self._housekeeping_loop())
 
     def _scan(self) -> list[tuple[Path, SegmentMeta]]:
         import json
@@ -237,6 +256,7 @@ class SegmentStore:
             on_stage=self.metrics.observe_stage,
             on_durable_entries=on_durable if load is not None else None,
         )
+        seg.on_due = self._due.add
         report = await seg.open()
         if report.truncated_bytes:
             self.metrics.torn_tail_truncations.inc()
@@ -479,8 +499,9 @@ class SegmentStore:
             return True
 
     async def close(self) -> None:
-        if self._sampler is not None:
-            self._sampler.cancel()
+        for task in (self._sampler, self._housekeeper):
+            if task is not None:
+                task.cancel()
         if self.corruption_status is not None:
             await self.corruption_status.close()
         for hosted in list(self.segments.values()):

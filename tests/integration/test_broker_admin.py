@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import aiohttp
@@ -250,7 +251,29 @@ async def test_listing_one_topics_segments_uses_the_filter_and_follows_deletes(
         assert [s["segmentId"] for s in await admin.list_segments(NS, "t")] == [1]
         assert await admin.delete_segment(NS, "t", 1)
         assert await admin.list_segments(NS, "t") == []
-        async with aiohttp.ClientSession() as s:
-            async with s.get(f"{rb.url}/admin/v1/segments?namespace={NS}") as r:
-                assert r.status == 400
-                assert (await r.json())["error"]["code"] == "BadRequest"
+        url = f"{rb.url}/admin/v1/segments?namespace={NS}"
+        async with aiohttp.ClientSession() as s, s.get(url) as r:
+            assert r.status == 400
+            assert (await r.json())["error"]["code"] == "BadRequest"
+
+
+async def test_an_ack_is_persisted_by_the_next_housekeeping_round_while_the_broker_runs(
+    tmp_path: Path,
+) -> None:
+    """Cursors are persisted in the background by the store's housekeeping rounds (not by a
+    task per segment): an ack reaches the cursor file while the broker runs, without a close."""
+    async with running_broker(tmp_path, cursor_flush_ms=20) as rb, SegmentAdmin(rb.url) as admin:
+        for sid in range(20):
+            await admin.create_segment(NS, TOPIC, sid, 0, 0xFFFF, subscriptions={"s": "Stream"})
+        producer = await SegmentProducer.connect(rb.url, NS, TOPIC, 7, "p")
+        for _ in range(3):
+            await (await producer.send_entry([Message(b"v")]))
+        consumer = await SegmentConsumer.connect(rb.url, NS, TOPIC, 7, "s", "c")
+        received = [await consumer.receive() for _ in range(3)]
+        consumer.ack_cumulative(received[-1].position)
+        cursor_file = next((tmp_path / NS / TOPIC).glob("*-7/cursors/s.json"))
+        async with asyncio.timeout(10):
+            while json.loads(cursor_file.read_text())["ackFloor"] != 3:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        await producer.close()
+        await consumer.close()

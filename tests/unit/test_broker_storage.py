@@ -261,3 +261,26 @@ async def test_damaged_rolled_file_is_never_served(
     assert len(got) < first.next_position, "reading stops before the damaged record"
     assert all(wire.decode_entry(e)[1][0].value == b"q" * 40 for _, e in got)
     await seg.close()
+
+
+async def test_a_segment_says_it_is_due_for_housekeeping_on_a_cursor_change_or_a_roll(
+    tmp_path: Path, executor: ThreadPoolExecutor
+) -> None:
+    """The store's housekeeping rounds visit the segments that said so (and all of them only
+    once a second): an ack, a new subscription and a log roll each make the segment due; an
+    idle one never does."""
+    seg = await _open(tmp_path / "s", executor, roll_bytes=1000)
+    due: list[Segment] = []
+    seg.on_due = due.append
+    await _append_durably(seg, 3, b"x")
+    assert due == [], "appends within one file leave nothing to persist or retain"
+    seg.cursors["s"].ack_cumulative(1)
+    assert due == [seg]
+    await seg.add_cursor("late", BrokerSubscriptionType.QUEUE, at_end=False)
+    seg.cursors["late"].ack(0)
+    assert due == [seg, seg]
+    due.clear()
+    await _append_durably(seg, 60, b"z" * 40)
+    assert due, "a roll makes retention due"
+    assert len(seg.log.files) > 1
+    await seg.close()

@@ -13,6 +13,7 @@ A crash may therefore redeliver up to that much acknowledged work: delivery is a
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,8 @@ class Cursor:
     """Number of positions inside the individually acked ranges."""
     dirty: bool = False
     version: int = 0
+    on_touch: Callable[[], object] | None = field(default=None, repr=False, compare=False)
+    """Called when the cursor changes (its segment then has something to persist)."""
 
     def is_acked(self, position: int) -> bool:
         if position < self.ack_floor:
@@ -125,6 +128,8 @@ class Cursor:
     def _touch(self) -> None:
         self.dirty = True
         self.version += 1
+        if self.on_touch is not None:
+            self.on_touch()
 
     def backlog(self, next_position: int) -> int:
         """Entries written (positions below ``next_position``) and not acknowledged."""
