@@ -270,6 +270,7 @@ async def test_an_ack_is_persisted_by_the_next_housekeeping_round_while_the_brok
             await (await producer.send_entry([Message(b"v")]))
         consumer = await SegmentConsumer.connect(rb.url, NS, TOPIC, 7, "s", "c")
         received = [await consumer.receive() for _ in range(3)]
+        assert received[-1] is not None
         consumer.ack_cumulative(received[-1].position)
         cursor_file = next((tmp_path / NS / TOPIC).glob("*-7/cursors/s.json"))
         async with asyncio.timeout(10):
