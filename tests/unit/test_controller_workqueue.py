@@ -86,3 +86,26 @@ async def test_cancel_stops_the_processing_of_matching_keys_only() -> None:
     await asyncio.wait_for(queue.wait_idle(), 2)
     await queue.stop()
     assert finished == ["kept"]
+
+
+async def test_event_keys_go_before_resync_keys_and_an_event_promotes_a_waiting_one() -> None:
+    """A resync pass queues every topic; a topic added by an event in the meantime is taken
+    first (a new topic must not wait behind thousands of no-op reconciles), a topic waiting
+    for its resync is promoted by an event and processed once, and a resync never demotes."""
+    order: list[str] = []
+
+    async def process(key: str) -> None:
+        order.append(key)
+
+    queue: WorkQueue[str] = WorkQueue(process, workers=1)
+    for i in range(5):
+        queue.add_periodic(f"resync-{i}")
+    queue.add("new")
+    queue.add("resync-3")
+    queue.add("urgent")
+    queue.add_periodic("urgent")
+    assert queue.waiting == 7
+    queue.start()
+    await asyncio.wait_for(queue.wait_idle(), 2)
+    await queue.stop()
+    assert order == ["new", "resync-3", "urgent", "resync-0", "resync-1", "resync-2", "resync-4"]

@@ -377,7 +377,7 @@ class Controller:
         self.reconciler.new_stats_round()
         for namespace, name in list(self.cache.topics):
             if self.leadership.leads(namespace, name):
-                self.queue.add((namespace, name))
+                self.queue.add_periodic((namespace, name))
 
     async def _resync_loop(self) -> None:
         while not self._stop.is_set():
