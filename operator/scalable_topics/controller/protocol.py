@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from ..core.jsontypes import JsonObj
@@ -246,6 +246,7 @@ class OperationExecutor:
         *,
         state: str = "Pending",
         writable: bool = True,
+        epochs: Mapping[str, Any] | None = None,
     ) -> str:
         """Segment resource + placement + segment on its broker; returns the broker URL.
 
@@ -257,7 +258,8 @@ class OperationExecutor:
         it.
 
         ``writable=False`` creates it fenced (a child before its parents are sealed); with the
-        default a fenced segment found on the broker is activated — the layout has it active."""
+        default a fenced segment found on the broker is activated — the layout has it active.
+        ``epochs``: the layout's epochs of the segment, recorded in the same status patch."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         existing = self.cache.segments.get((ns, name), {}).get(segment_id)
         newly_placed = existing is None or recorded_broker(existing) is None
@@ -310,6 +312,7 @@ class OperationExecutor:
             "subscriptions": sorted(
                 sub.name for sub in parse_topic_spec(topic.get("spec")).subscriptions
             ),
+            **(epochs or {}),
         }
         if any(status.get(k) != v for k, v in wanted.items()):
             updated = await self.kube.patch_segment_status(ns, body["metadata"]["name"], wanted)

@@ -98,12 +98,15 @@ class SegmentKeeper:
         wanted = {s for s, _ in subscriptions}
         looked: set[int] = set()
         """Segments this pass already looked for on the brokers (not placed afresh again)."""
-        if any(sid not in self._segments_of(ns, name) for sid in layout.segments):
+        # Not for a topic just created: its pass has listed its Segments moments ago (none),
+        # and a label-selected list scans the namespace's every Segment at the API server
+        # (at 10,000 topics, 20,000 Segments per new topic). Creating a Segment is idempotent.
+        if recover and any(sid not in self._segments_of(ns, name) for sid in layout.segments):
             for body in await self.kube.list_segments(ns, name):
                 self.cache.put_segment(body)
             existing = self._segments_of(ns, name)
             missing = [sid for sid in sorted(layout.segments) if sid not in existing]
-            if missing and recover:
+            if missing:
                 await self._recover_segments(topic, layout, missing)
             looked.update(missing)
         # After the listing: once roots were pruned, bucket counts come from the Segments.
@@ -144,6 +147,7 @@ class SegmentKeeper:
                             buckets.get(info.segment_id, 1),
                             subscriptions,
                             state="Active",
+                            epochs=layout_epochs(info),
                         )
                     except AdminError as exc:
                         pending.append(info.segment_id)
@@ -201,10 +205,7 @@ class SegmentKeeper:
         """Keep the layout's epochs of the segment on its Segment: a lost layout is rebuilt from
         the Segments, with an epoch above every recorded one (``core.rebuild``)."""
         status = seg.get("status") or {}
-        wanted = {
-            "createdAtEpoch": info.created_at_epoch,
-            "sealedAtEpoch": info.sealed_at_epoch or None,
-        }
+        wanted = layout_epochs(info)
         if all(status.get(k) == v for k, v in wanted.items()):
             return
         updated = await self.kube.patch_segment_status(
@@ -280,3 +281,8 @@ class SegmentKeeper:
             ns, segment_name(name, segment_id), {"subscriptions": sorted(wanted)}
         )
         self.cache.put_segment(updated)
+
+
+def layout_epochs(info: SegmentInfo) -> dict[str, Any]:
+    """The layout's epochs of a segment, as its Segment's status records them."""
+    return {"createdAtEpoch": info.created_at_epoch, "sealedAtEpoch": info.sealed_at_epoch or None}
