@@ -241,3 +241,24 @@ async def test_commit_stages_are_timed_per_chunk_and_a_slow_sync_shows_in_sync(
         assert sorted(by_stage) == ["stage", "visible", "write"]
         assert all(len(v) == 6 for v in by_stage.values()), by_stage
     await seg.close()
+
+
+async def test_a_segment_never_written_to_holds_no_threads(
+    tmp_path: Path, executor: ThreadPoolExecutor, syncs: SyncRecorder
+) -> None:
+    """The writer and syncer threads start with the first write: idle segments (most of a
+    cluster with many topics) hold none; a close stops the threads that did start."""
+    names = lambda: {t.name for t in threading.enumerate()}  # noqa: E731
+    idle = await _open(tmp_path / "idle", executor)
+    busy = await _open(tmp_path / "busy", executor)
+    assert not {n for n in names() if n.endswith((" idle", " busy"))}
+    _append(busy, 0, 100)
+    await _until(lambda: busy.visible_position == 0, "the first entry durable")
+    assert {"log-write busy", "log-sync busy"} <= names()
+    assert not {n for n in names() if n.endswith(" idle")}
+    await idle.close()
+    await busy.close()
+    assert not {n for n in names() if n.endswith((" idle", " busy"))}
+    reopened = await _open(tmp_path / "busy", executor)
+    assert reopened.log.next_position == 1
+    await reopened.close()

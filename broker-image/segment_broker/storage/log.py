@@ -770,23 +770,35 @@ class LogWriter:
         self._synced_at: list[tuple[int, float]] = []
         self._rolls_done = 0
         self.error: BaseException | None = None
-        self._writer = threading.Thread(target=self._write_loop, name=f"log-write {name}")
-        self._syncer = threading.Thread(target=self._sync_loop, name=f"log-sync {name}")
-        self._writer.daemon = self._syncer.daemon = True
-        self._writer.start()
-        self._syncer.start()
+        self._name = name
+        self._threads: tuple[threading.Thread, threading.Thread] | None = None
+
+    def _start_threads(self) -> None:
+        """The threads start with the first write or roll: a segment never written to holds
+        none (10,000 idle topics' 20,000 segments took 40,000 threads, and the machine's
+        process limit)."""
+        if self._threads is not None:
+            return
+        writer = threading.Thread(target=self._write_loop, name=f"log-write {self._name}")
+        syncer = threading.Thread(target=self._sync_loop, name=f"log-sync {self._name}")
+        writer.daemon = syncer.daemon = True
+        writer.start()
+        syncer.start()
+        self._threads = (writer, syncer)
 
     # --- event-loop side -----------------------------------------------------------------------
 
     def submit_write(self, data: bytearray | bytes, last_position: int) -> None:
         """Queue a chunk for the writer thread. Not written on the event loop: a buffered
         append can block on the filesystem journal while other processes sync."""
+        self._start_threads()
         with self._lock:
             self._ops.append((data, last_position))
             self._writer_cv.notify()
 
     def submit_roll(self, path: Path) -> None:
         """Continue in a new file at ``path`` after the chunks submitted so far."""
+        self._start_threads()
         with self._lock:
             self._ops.append(path)
             self._writer_cv.notify()
@@ -818,8 +830,8 @@ class LogWriter:
             self._final_sync = final_sync
             self._writer_cv.notify()
             self._syncer_cv.notify()
-        self._writer.join()
-        self._syncer.join()
+        for thread in self._threads or ():
+            thread.join()
         for fd in (*self._retired, self._fd):
             os.close(fd)
         self._retired = []
