@@ -248,7 +248,10 @@ async def test_a_segment_never_written_to_holds_no_threads(
 ) -> None:
     """The writer and syncer threads start with the first write: idle segments (most of a
     cluster with many topics) hold none; a close stops the threads that did start."""
-    names = lambda: {t.name for t in threading.enumerate()}  # noqa: E731
+
+    def names() -> set[str]:
+        return {t.name for t in threading.enumerate()}
+
     idle = await _open(tmp_path / "idle", executor)
     busy = await _open(tmp_path / "busy", executor)
     assert not {n for n in names() if n.endswith((" idle", " busy"))}
