@@ -157,6 +157,8 @@ async def ours_adapter(endpoint: dict[str, Any]) -> OursAdapter:
 
 
 STAGE_METRIC = "segment_broker_produce_stage_seconds"
+LAG_METRIC = "segment_broker_event_loop_lag_seconds"
+GC_METRIC = "segment_broker_gc_pause_seconds"
 STAGES = ("frame", "stage", "write", "sync", "visible", "ack")
 """The broker's produce stages (`segment_broker_produce_stage_seconds{stage}`), in path order."""
 
@@ -175,6 +177,11 @@ def fsync_stats(endpoint: dict[str, Any]) -> dict[str, float]:
         elif line.startswith(STAGE_METRIC):
             name = line[len(STAGE_METRIC) :]
             prefix = name.split('stage="', 1)[1].split('"', 1)[0] + ":"
+        elif line.startswith(LAG_METRIC):
+            prefix, name = "lag:", line[len(LAG_METRIC) :]
+        elif line.startswith(GC_METRIC):
+            name = line[len(GC_METRIC) :]
+            prefix = "gc" + name.split('generation="', 1)[1].split('"', 1)[0] + ":"
         else:
             continue
         name, _, value = name.rpartition(" ")
@@ -216,9 +223,13 @@ def fsync_delta(before: dict[str, float], after: dict[str, float], wall: float) 
         "fsyncP99LeMs": p99 * 1000,
         "fsyncBusy": total / wall if wall else 0.0,
     }
-    for stage in STAGES:
+    for stage in (*STAGES, "lag"):
         n, stage_total, stage_p99 = _histogram_delta(before, after, f"{stage}:")
         if n:
             out[f"{stage}MeanMs"] = stage_total / n * 1000
             out[f"{stage}P99LeMs"] = stage_p99 * 1000
+    for generation in range(3):
+        n, total_s, _ = _histogram_delta(before, after, f"gc{generation}:")
+        out[f"gc{generation}Count"] = n
+        out[f"gc{generation}Ms"] = total_s * 1000
     return out

@@ -966,6 +966,12 @@ def _stage_table(section: Section, runs: list[SystemRun]) -> None:
                         f"{sr.key} {payload} B {s.kind}",
                         round(s.result.achieved),
                         *(cell(s.server, st) for st in STAGES),
+                        cell(s.server, "lag"),
+                        " / ".join(
+                            f"{s.server.get(f'gc{g}Count', 0):.0f}: "
+                            f"{_cell_ms(s.server.get(f'gc{g}Ms', 0.0))}"
+                            for g in range(3)
+                        ),
                         _ms(s.result.p50_ms),
                         _ms(s.result.p99_ms),
                     ]
@@ -977,8 +983,19 @@ def _stage_table(section: Section, runs: list[SystemRun]) -> None:
             "stage, write, sync, visible = one group-commit chunk from its first entry staged to "
             "the writer thread, written, covered by a finished fdatasync, visible on the event "
             "loop; ack = visible until the acks are encoded). The client's latency adds the "
-            "socket and its own event loop on both ways.",
-            ["step", "msg/s", *(f"{st} ms" for st in STAGES), "client p50 ms", "client p99 ms"],
+            "socket and its own event loop on both ways. Loop lag: how late a 50 ms timer "
+            "fires on the broker's event loop (`segment_broker_event_loop_lag_seconds`); GC: "
+            "collections of the cyclic garbage collector per generation 0 / 1 / 2 in the step, "
+            "count: total ms (`segment_broker_gc_pause_seconds`).",
+            [
+                "step",
+                "msg/s",
+                *(f"{st} ms" for st in STAGES),
+                "loop lag ms",
+                "GC count: ms",
+                "client p50 ms",
+                "client p99 ms",
+            ],
             rows,
         )
 

@@ -151,6 +151,21 @@ class BrokerMetrics:
             registry=self.registry,
         )
         self._stages = {s: self.produce_stage_seconds.labels(s) for s in PRODUCE_STAGES}
+        self.event_loop_lag_seconds = Histogram(
+            "segment_broker_event_loop_lag_seconds",
+            "How late a timer due every 50 ms fires on the event loop (a stall: SEND frames "
+            "then wait in the socket, before any produce stage starts)",
+            buckets=FSYNC_BUCKETS,
+            registry=self.registry,
+        )
+        self.gc_pause_seconds = Histogram(
+            "segment_broker_gc_pause_seconds",
+            "Collections of Python's cyclic garbage collector by generation (the whole "
+            "process stops for each)",
+            ["generation"],
+            buckets=FSYNC_BUCKETS,
+            registry=self.registry,
+        )
         self.protocol_errors = Counter(
             "segment_broker_protocol_errors_total",
             "Connections closed for a protocol violation, by kind",

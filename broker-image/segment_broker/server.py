@@ -26,6 +26,7 @@ from .consume import ConsumerConnection
 from .corruption import CorruptionReporter
 from .load import LoadTracker
 from .metrics import BrokerMetrics
+from .pauses import PauseMonitor
 from .produce import ProducerConnection
 from .routes import json_error
 from .storage.segment import StorageSettings
@@ -74,6 +75,9 @@ class Broker:
     ) -> None:
         self.config = config
         self.metrics = metrics or BrokerMetrics()
+        self.pauses = PauseMonitor(
+            self.metrics.event_loop_lag_seconds, self.metrics.gc_pause_seconds
+        )
         self.tracker = tracker
         self.store = SegmentStore(
             Path(config.data_dir),
@@ -98,6 +102,7 @@ class Broker:
 
     async def start(self) -> None:
         await self.store.open()
+        self.pauses.start()
         self.ready = True
 
     async def stop(self) -> None:
@@ -111,6 +116,7 @@ class Broker:
                 async with asyncio.timeout(5.0):
                     await asyncio.gather(*waits)
         await self.store.close()
+        await self.pauses.stop()
 
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_middleware], client_max_size=1 << 20)

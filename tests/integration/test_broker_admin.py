@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import time
 from pathlib import Path
 
 import aiohttp
@@ -278,3 +280,32 @@ async def test_an_ack_is_persisted_by_the_next_housekeeping_round_while_the_brok
                 await asyncio.sleep(0.01)
         await producer.close()
         await consumer.close()
+
+
+async def test_event_loop_lag_and_gc_pauses_are_measured(tmp_path: Path) -> None:
+    """The stalls no produce stage shows: a blocked event loop shows in the lag histogram and
+    a full collection in the GC pause histogram of generation 2."""
+    metrics = BrokerMetrics()
+    async with running_broker(tmp_path, metrics=metrics):
+
+        def count(name: str, labels: dict[str, str] | None = None) -> float:
+            value = metrics.registry.get_sample_value(f"{name}_count", labels or {})
+            return value or 0.0
+
+        def over_50ms() -> float:
+            value = metrics.registry.get_sample_value(
+                "segment_broker_event_loop_lag_seconds_bucket", {"le": "0.05"}
+            )
+            return count("segment_broker_event_loop_lag_seconds") - (value or 0.0)
+
+        before = count("segment_broker_gc_pause_seconds", {"generation": "2"})
+        gc.collect()
+        assert count("segment_broker_gc_pause_seconds", {"generation": "2"}) == before + 1
+        async with asyncio.timeout(10):
+            while count("segment_broker_event_loop_lag_seconds") == 0:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        stalled = over_50ms()
+        time.sleep(0.2)  # noqa: ASYNC251 - a blocked event loop, on purpose
+        async with asyncio.timeout(10):
+            while over_50ms() == stalled:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
