@@ -11,8 +11,8 @@ stream/segment/topic:
    rounds;
 2. **latency**: per system, one more probe, then an open-loop sweep (wrk2 style,
    `bench/_load.py`) at fractions of the lower of that probe's throughput and the median of all
-   probes, 80 % first (three times in full mode, interleaved with 50 % and 110 %); it measures
-   achieved throughput and publish→ack latency (p50/p99/p99.9/max) from the *intended* send
+   probes, 80 % first (80 % and 50 % three times each in full mode, with one 110 % step); it
+   measures achieved throughput and publish→ack latency (p50/p99/p99.9/max) from the *intended* send
    time. The 80 % and 50 % steps (the median p99 of each) are the latency-target figures.
    Saturation = the median of all probes;
 3. **consume**: read back from the start (batched fetch + one cumulative ack per batch).
@@ -88,7 +88,17 @@ class Mode:
 
 
 QUICK = Mode(2.0, 0.5, 0, 2.5, 0.5, (0.8, 0.5), 1.5)
-FULL = Mode(5.0, 1.0, 2, 6.0, 1.5, (0.8, 0.5, 0.8, 1.1, 0.8), 5.0, equal_load=0.5, e2e_records=1000)
+FULL = Mode(
+    5.0,
+    1.0,
+    2,
+    6.0,
+    1.5,
+    (0.8, 0.5, 0.8, 0.5, 1.1, 0.8, 0.5),
+    5.0,
+    equal_load=0.5,
+    e2e_records=1000,
+)
 
 
 @dataclass
@@ -140,7 +150,7 @@ class PayloadRun:
 
     @property
     def at80(self) -> Step | None:
-        """The 80 % step with the median p99 (full mode repeats it three times)."""
+        """The 80 % step with the median p99 (full mode runs three, and three 50 % steps)."""
         return self._median_step("80%")
 
     @property
