@@ -314,6 +314,7 @@ async def test_a_recreated_topic_takes_its_segments_over(stack: Stack) -> None:
 
     async def orphaned() -> bool:
         segments = await stack.segments(name)
+        assert len(segments) == 5, f"the Segments must survive the delete: {sorted(segments)}"
         return await stack.topic(name) is None and all(
             not s["metadata"].get("ownerReferences") for s in segments.values()
         )

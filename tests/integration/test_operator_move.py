@@ -151,23 +151,30 @@ async def test_move_survives_a_leader_crash_after_each_step(stack: Stack, point:
     assert before is not None
     request_id = f"move-{point}"
     await stack.request(TOPIC, {"id": request_id, "op": "move", "segments": [SID], "to": other})
-    doomed = await start(stack, f"doomed-{point}", f"crash-after:{point}")
-    code = await doomed.wait(90)
-    assert code == -9, f"exit {code}\n{doomed.log()[-3000:]}"
-    assert f"fault injection: SIGKILL after {point}" in doomed.log()
+    try:
+        doomed = await start(stack, f"doomed-{point}", f"crash-after:{point}")
+        code = await doomed.wait(90)
+        assert code == -9, f"exit {code}\n{doomed.log()[-3000:]}"
+        assert f"fault injection: SIGKILL after {point}" in doomed.log()
 
-    stopped = (await stack.segments(TOPIC))[SID]["status"]
-    assert stopped.get("transfer"), stopped
-    writable = [p for p in (pod, other) if await accepts_writes(urls[p])]
-    assert len(writable) <= 1, (point, writable)
-    entries = before["lastPosition"] + 1 + len(writable)
+        stopped = (await stack.segments(TOPIC))[SID]["status"]
+        assert stopped.get("transfer"), stopped
+        writable = [p for p in (pod, other) if await accepts_writes(urls[p])]
+        assert len(writable) <= 1, (point, writable)
+        entries = before["lastPosition"] + 1 + len(writable)
 
-    fresh = await start(stack, f"fresh-{point}")
-    topic = await stack.wait_request(TOPIC, request_id, within=90)
-    assert topic["status"]["lastRequest"]["result"] == "Succeeded", topic["status"]
-    await eventually(lambda: moved_consistently(stack, other, entries), 30, "the moved segment")
-    assert await accepts_writes(urls[other])
-    await stack.stop_operators()
+        fresh = await start(stack, f"fresh-{point}")
+        topic = await stack.wait_request(TOPIC, request_id, within=90)
+        assert topic["status"]["lastRequest"]["result"] == "Succeeded", (
+            topic["status"],
+            fresh.log()[-3000:],
+        )
+        await eventually(lambda: moved_consistently(stack, other, entries), 30, "the moved segment")
+        assert await accepts_writes(urls[other])
+    finally:
+        # A failure must not leave this test's leader running into the next parametrization
+        # (it would keep the Lease and handle the next test's request itself).
+        await stack.stop_operators()
     assert fresh.proc.returncode == 0, fresh.log()[-3000:]
 
 
