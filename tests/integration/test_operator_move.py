@@ -125,22 +125,26 @@ async def test_move_request_moves_the_segment_once(stack: Stack) -> None:
     assert before is not None
     operator = await start(stack, "mover")
     request = {"id": "move-plain", "op": "move", "segments": [SID], "to": other}
-    await stack.request(TOPIC, request)
-    topic = await stack.wait_request(TOPIC, "move-plain", within=90)
-    assert topic["status"]["lastRequest"]["result"] == "Succeeded", topic["status"]
-    await moved_consistently(stack, other, before["lastPosition"] + 1)
-    events = await stack.events(TOPIC)
-    assert any(e["reason"] == "Moved" and f"to {other}" in e["message"] for e in events)
-    await stack.request(TOPIC, {"id": "move-bad", "op": "move", "segments": [SID], "to": "nope"})
-    topic = await stack.wait_request(TOPIC, "move-bad", within=60)
-    assert topic["status"]["lastRequest"]["result"] == "Rejected"
-    assert "not a ready broker pod" in topic["status"]["lastRequest"]["message"]
-    # the first id again is not executed again
-    await stack.request(TOPIC, {**request, "to": pod})
-    topic = await stack.wait_request(TOPIC, "move-plain", within=60)
-    assert topic["status"]["lastRequest"]["message"].startswith("already handled")
-    assert (await stack.segments(TOPIC))[SID]["status"]["broker"]["pod"] == other
-    await stack.stop_operators()
+    try:
+        await stack.request(TOPIC, request)
+        topic = await stack.wait_request(TOPIC, "move-plain", within=90)
+        last = topic["status"]["lastRequest"]
+        assert last["result"] == "Succeeded", (last, operator.log()[-3000:])
+        await moved_consistently(stack, other, before["lastPosition"] + 1)
+        events = await stack.events(TOPIC)
+        assert any(e["reason"] == "Moved" and f"to {other}" in e["message"] for e in events)
+        bad = {"id": "move-bad", "op": "move", "segments": [SID], "to": "nope"}
+        await stack.request(TOPIC, bad)
+        topic = await stack.wait_request(TOPIC, "move-bad", within=60)
+        assert topic["status"]["lastRequest"]["result"] == "Rejected"
+        assert "not a ready broker pod" in topic["status"]["lastRequest"]["message"]
+        # the first id again is not executed again
+        await stack.request(TOPIC, {**request, "to": pod})
+        topic = await stack.wait_request(TOPIC, "move-plain", within=60)
+        assert topic["status"]["lastRequest"]["message"].startswith("already handled")
+        assert (await stack.segments(TOPIC))[SID]["status"]["broker"]["pod"] == other
+    finally:
+        await stack.stop_operators()
     assert operator.proc.returncode == 0, operator.log()[-3000:]
 
 

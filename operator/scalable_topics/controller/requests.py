@@ -6,6 +6,7 @@ Every status change is a ``core.topicstatus`` function; this module decides and 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -36,6 +37,8 @@ from .protocol import EventSink, OperationExecutor, OperationRejected
 from .segments import SegmentKeeper
 from .status import change_topic_status
 from .transfer import MoveRejected, TransferExecutor
+
+log = logging.getLogger(__name__)
 
 
 class Planner(Protocol):
@@ -191,6 +194,14 @@ class RequestHandler:
 
     async def _reject(self, topic: JsonObj, request_id: str, op: str, message: str) -> JsonObj:
         meta = topic["metadata"]
+        log.warning(
+            "%s/%s: request %s (%s) rejected: %s",
+            meta["namespace"],
+            meta["name"],
+            request_id,
+            op,
+            message,
+        )
         now = self.clock()
         topic = await change_topic_status(
             self.kube,
