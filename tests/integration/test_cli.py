@@ -586,6 +586,13 @@ async def test_kubectl_shows_whole_rates_and_no_sealed_at_epoch_for_active_segme
     stack: Stack,
 ) -> None:
     await new_topic(stack, "shown")
+
+    async def first_load_report() -> bool:
+        # The broker owns status.load: its first report (zeros) would overwrite the patch.
+        segment = (await stack.segments("shown")).get(0) or {}
+        return bool((segment.get("status") or {}).get("load"))
+
+    await eventually(first_load_report, 60, "the broker's first load report of shown-0")
     await stack.kubectl(
         "patch", "seg", "shown-0", "--subresource=status", "--type=merge",
         "-p", '{"status": {"load": {"msgRateIn": 71.71031059119261}}}',
