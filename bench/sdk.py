@@ -1,31 +1,35 @@
 """The SDK path users take, end to end, next to the raw segment path (issues 12 and 17).
 
 Two broker processes (``--fsync always``), the real operator session server (in-process, fed
-from in-memory layouts, ``tests/integration/client_harness.py``) and two topics of 4 segments
-each, 2 segments per broker. Every message carries a random key (from a pool of 65,536) and a
-100 B value that starts with its send time, so the consumers measure send -> receive.
+from in-memory layouts, ``tests/integration/client_harness.py``) and one topic of 4 segments
+per path, 2 segments per broker. Every message carries a random key (from a pool of 65,536) and
+a 100 B value that starts with its send time, so the consumers measure send -> receive.
 
 * **sdk**: one :class:`~scalable_topics.client.ScalableTopicProducer` (``send_async`` per
   message: routing by key, per-segment batches cut per entry bucket, windowed in-flight
   entries, acknowledged after the brokers' fsync) -> :data:`CONSUMERS`
   :class:`~scalable_topics.client.StreamConsumer`\\ s of one subscription, which the controller
   gives 2 segments each; ``receive`` and ``ack`` per message.
+* **sdk-batch**: the same objects through the SDK's throughput API: ``send_many`` of
+  :data:`BATCH` messages (one future for all), ``receive_many`` and ``ack_many``.
 * **raw**: what the broker benchmark drives, spread over the same 4 segments: the load
   generator groups each batch of :data:`BATCH` messages by segment and entry bucket itself,
   encodes each group at once (``wire.encode_keyed_values``) and sends it with
   ``SegmentProducer.send_encoded`` on that segment's connection; one ``SegmentConsumer`` per
   segment decodes every message and acknowledges cumulatively per received batch.
 
-Both paths run in this one process (the client side shares one core with the operator's
-session server; the brokers have their own processes). Phases, interleaved raw, sdk, raw, sdk:
+All paths run in this one process (the client side shares one core with the operator's
+session server; the brokers have their own processes), one after the other:
 
 1. **capacity**: closed loop (at most :data:`WINDOW` messages unacknowledged) for ``step``
    seconds after a warm-up; produce msg/s = acknowledged, end-to-end msg/s = received by the
    consumers in the same window;
-2. **latency**: open loop at half of the SDK's capacity for both paths (the same offered
-   load): publish -> ack and send -> receive percentiles, measured from the intended send time.
+2. **latency**: open loop at half of the per-message SDK's capacity for every path (the same
+   offered load): publish -> ack and send -> receive percentiles, measured from the intended
+   send time.
 
-The headline is the ratio of the SDK's end-to-end throughput to the raw path's.
+The headline is the ratio of the SDK's end-to-end throughput (its throughput API) to the raw
+path's; the per-message ratio is reported next to it.
 
     python -m bench.run --only sdk [--quick]
 """
@@ -175,6 +179,14 @@ class Flow:
         if self.window.inside(sent):
             self.window.counts.e2e.append(now - sent)
 
+    def _on_ack(self, count: int, due: float) -> Callable[[asyncio.Future[Any]], None]:
+        """The done callback of a future acknowledging ``count`` messages due at ``due``."""
+
+        def done(future: asyncio.Future[Any]) -> None:
+            self._acked(count, due, not future.cancelled() and future.exception() is None)
+
+        return done
+
     async def send(self, keys: list[bytes], due: float) -> None:
         raise NotImplementedError
 
@@ -196,7 +208,7 @@ class SdkPath(Flow):
     async def send(self, keys: list[bytes], due: float) -> None:
         value = _value(self.pad, due)
         send = self.producer.send_async
-        done = self._on_ack(due)
+        done = self._on_ack(1, due)
         for key in keys:
             future = await send(value, key)
             future.add_done_callback(done)
@@ -204,18 +216,33 @@ class SdkPath(Flow):
         if self.unacked >= WINDOW:
             self.room.clear()
 
-    def _on_ack(self, due: float) -> Callable[[asyncio.Future[Any]], None]:
-        def done(future: asyncio.Future[Any]) -> None:
-            self._acked(1, due, not future.cancelled() and future.exception() is None)
-
-        return done
-
     async def consume(self, consumer: Any) -> None:
         received = self._received
         while True:
             message = await consumer.receive()
             received(message.value)
             consumer.ack_nowait(message)
+
+
+class BatchPath(SdkPath):
+    """The SDK's throughput API: ``send_many`` per batch, ``receive_many`` + ``ack_many``."""
+
+    name = "sdk-batch"
+
+    async def send(self, keys: list[bytes], due: float) -> None:
+        future = await self.producer.send_many([_value(self.pad, due)] * len(keys), keys)
+        future.add_done_callback(self._on_ack(len(keys), due))
+        self.unacked += len(keys)
+        if self.unacked >= WINDOW:
+            self.room.clear()
+
+    async def consume(self, consumer: Any) -> None:
+        received = self._received
+        while True:
+            messages = await consumer.receive_many(BATCH)
+            for message in messages:
+                received(message.value)
+            consumer.ack_many(messages)
 
 
 class RawPath(Flow):
@@ -254,12 +281,6 @@ class RawPath(Flow):
         self.unacked += len(keys)
         if self.unacked >= WINDOW:
             self.room.clear()
-
-    def _on_ack(self, count: int, due: float) -> Callable[[asyncio.Future[Any]], None]:
-        def done(future: asyncio.Future[Any]) -> None:
-            self._acked(count, due, not future.cancelled() and future.exception() is None)
-
-        return done
 
     async def consume(self, consumer: Any) -> None:
         received = self._received
@@ -331,13 +352,13 @@ async def _measure(mode: Mode, base: Path) -> dict[str, dict[str, dict[str, floa
 
     rng = random.Random(0)
     pool = [b"k-%016x" % rng.getrandbits(64) for _ in range(KEYS)]
-    results: dict[str, dict[str, dict[str, float]]] = {"raw": {}, "sdk": {}}
+    results: dict[str, dict[str, dict[str, float]]] = {"raw": {}, "sdk": {}, "sdk-batch": {}}
     with broker_processes(base, BROKERS, args=("--fsync", "always")) as brokers:
         operator = await start_operator()
         urls = [b.url for b in brokers]
         envs = {
             name: TopicEnv(operator, urls, NS, name, subscriptions={SUB: "Stream"})
-            for name in ("sdk", "raw")
+            for name in ("sdk", "raw", "batch")
         }
         async with contextlib.AsyncExitStack() as stack:
             for env in envs.values():
@@ -361,18 +382,20 @@ async def _measure(mode: Mode, base: Path) -> dict[str, dict[str, dict[str, floa
             raw = RawPath(
                 producers, [(s.hash_range.start, s.hash_range.end) for s in segments], pool
             )
-            producer = await stack.enter_async_context(
-                ScalableTopicProducer(envs["sdk"].service_url, NS, "sdk", max_pending=WINDOW)
-            )
-            sdk = SdkPath(producer)
-            readers = [
-                await stack.enter_async_context(
-                    StreamConsumer(envs["sdk"].service_url, NS, "sdk", SUB, f"c{i}")
-                )
-                for i in range(CONSUMERS)
-            ]
+            sdk_paths: list[SdkPath] = []
             tasks = [asyncio.create_task(raw.consume(c)) for c in consumers]
-            tasks += [asyncio.create_task(sdk.consume(r)) for r in readers]
+            for topic, kind in (("sdk", SdkPath), ("batch", BatchPath)):
+                url = envs[topic].service_url
+                producer = await stack.enter_async_context(
+                    ScalableTopicProducer(url, NS, topic, max_pending=WINDOW)
+                )
+                path = kind(producer)
+                sdk_paths.append(path)
+                for i in range(CONSUMERS):
+                    reader = await stack.enter_async_context(
+                        StreamConsumer(url, NS, topic, SUB, f"c{i}")
+                    )
+                    tasks.append(asyncio.create_task(path.consume(reader)))
             # The operator's session server and the harness live in this process only for the
             # benchmark: their objects leave the GC's generations, so a full collection visits
             # what a client application would have (both paths alike).
@@ -380,14 +403,14 @@ async def _measure(mode: Mode, base: Path) -> dict[str, dict[str, dict[str, floa
             gc.freeze()
             gc.callbacks.append(GC)
             try:
-                paths: list[Flow] = [raw, sdk]
-                for path in paths:
-                    results[path.name]["capacity"] = await _closed_loop(path, pool, mode)
+                paths: list[Flow] = [raw, *sdk_paths]
+                for flow in paths:
+                    results[flow.name]["capacity"] = await _closed_loop(flow, pool, mode)
                 rate = 0.5 * results["sdk"]["capacity"]["e2e_msg_s"]
-                for path in paths:
-                    step = await _open_loop(path, pool, mode, rate)
+                for flow in paths:
+                    step = await _open_loop(flow, pool, mode, rate)
                     step["offered_msg_s"] = rate
-                    results[path.name]["latency"] = step
+                    results[flow.name]["latency"] = step
                 for task in tasks:
                     if task.done():
                         task.result()  # a consumer that failed fails the benchmark
@@ -405,14 +428,17 @@ async def run(report: Report, quick: bool) -> None:
     section = report.section("sdk", "SDK end to end next to the raw segment path")
     with tempfile.TemporaryDirectory(prefix="bench-sdk-") as tmp:
         results = await _measure(mode, Path(tmp))
-    raw, sdk = results["raw"], results["sdk"]
-    ratio = sdk["capacity"]["e2e_msg_s"] / raw["capacity"]["e2e_msg_s"]
+    raw, sdk, batch = results["raw"], results["sdk"], results["sdk-batch"]
+    raw_e2e = raw["capacity"]["e2e_msg_s"]
+    ratio = batch["capacity"]["e2e_msg_s"] / raw_e2e
+    per_message_ratio = sdk["capacity"]["e2e_msg_s"] / raw_e2e
     for name, path in results.items():
         for phase, figures in path.items():
             for metric, value in figures.items():
                 unit = "msg/s" if metric.endswith("msg_s") else "ms" if "_ms" in metric else ""
                 section.figure(f"{phase}_{metric}", value, unit, system=name)
     section.figure("sdk_to_raw_e2e_ratio", ratio, "")
+    section.figure("sdk_per_message_to_raw_e2e_ratio", per_message_ratio, "")
     section.table(
         "Capacity (closed loop, at most 10,000 messages unacknowledged)",
         [
@@ -437,7 +463,7 @@ async def run(report: Report, quick: bool) -> None:
     )
     section.table(
         f"Latency at {sdk['latency']['offered_msg_s']:,.0f} msg/s offered "
-        "(half the SDK's capacity, both paths), from the intended send time",
+        "(half the per-message SDK's capacity, every path), from the intended send time",
         ["path", "acked msg/s", "publish p50 ms", "publish p99 ms", "e2e p50 ms", "e2e p99 ms"],
         [
             [
@@ -452,20 +478,27 @@ async def run(report: Report, quick: bool) -> None:
         ],
     )
     section.target(
-        "SDK end-to-end throughput / raw segment path",
+        "SDK end-to-end throughput (send_many / receive_many) / raw segment path",
         ratio >= TARGET_RATIO,
-        f"{ratio:.2f} ({sdk['capacity']['e2e_msg_s']:,.0f} / "
-        f"{raw['capacity']['e2e_msg_s']:,.0f} msg/s)",
+        f"{ratio:.2f} ({batch['capacity']['e2e_msg_s']:,.0f} / {raw_e2e:,.0f} msg/s)",
         f">= {TARGET_RATIO:.2f}",
     )
     section.note(
+        f"Per message (send_async, receive, ack) the SDK reaches {per_message_ratio:.2f} of the "
+        f"raw path ({sdk['capacity']['e2e_msg_s']:,.0f} msg/s): a future, a coroutine step and "
+        "a callback per message, and the cyclic GC walking the unacknowledged ones "
+        "(docs/client.md, 'Throughput')."
+    )
+    section.note(
         f"{SEGMENTS} segments on {BROKERS} broker processes (fsync=always), {PAYLOAD} B values, "
-        f"random keys from {KEYS:,}; sdk: ScalableTopicProducer.send_async per message -> "
-        f"{CONSUMERS} StreamConsumers (receive + ack per message); raw: hand-grouped entries of "
-        f"up to {BATCH} messages per segment and bucket (SegmentProducer.send_encoded) -> one "
-        "SegmentConsumer per segment. Client side in one process (the objects of the "
-        "in-process operator server and harness frozen out of the cyclic GC, gc.freeze()); "
-        f"{mode.step:.0f} s measured per step after {mode.warmup:.1f} s of warm-up."
+        f"random keys from {KEYS:,}, one topic per path. sdk: ScalableTopicProducer.send_async "
+        f"per message -> {CONSUMERS} StreamConsumers (receive + ack per message); sdk-batch: "
+        f"send_many of {BATCH} messages -> {CONSUMERS} StreamConsumers (receive_many + "
+        f"ack_many); raw: hand-grouped entries of up to {BATCH} messages per segment and bucket "
+        "(SegmentProducer.send_encoded) -> one SegmentConsumer per segment. Client side in one "
+        "process (the objects of the in-process operator server and harness frozen out of the "
+        f"cyclic GC, gc.freeze()); {mode.step:.0f} s measured per step after "
+        f"{mode.warmup:.1f} s of warm-up."
     )
     errors = sum(p[s]["errors"] for p in results.values() for s in p)
     unreceived = sum(p[s]["unreceived"] for p in results.values() for s in p)
@@ -474,4 +507,11 @@ async def run(report: Report, quick: bool) -> None:
         f"windows not received within {mode.drain:.0f} s. On a shared machine the figures move "
         "with other work: compare the two paths within one report."
     )
-    section.data.update({"results": results, "ratio": ratio, "mode": mode.__dict__})
+    section.data.update(
+        {
+            "results": results,
+            "ratio": ratio,
+            "per_message_ratio": per_message_ratio,
+            "mode": mode.__dict__,
+        }
+    )

@@ -12,6 +12,9 @@ from scalable_topics.client import (
     Checkpoint,
     CheckpointConsumer,
     ConsumerError,
+    MessageId,
+    ProducerClosedError,
+    QueueConsumer,
     ScalableTopicProducer,
     StreamConsumer,
     SyncConsumer,
@@ -232,24 +235,100 @@ async def test_blocking_wrappers(operator: OperatorReplica, brokers: list[Broker
                 unkeyed = [producer.send_async(f"u{i}".encode()) for i in range(4)]
                 spread = {f.result(timeout=20).segment_id for f in unkeyed}
                 assert spread == {0, 1}, "unkeyed messages go round-robin"
+                many = producer.send_many([b"m0", b"m1"], ["k0", "k1"])
+                assert len(many) == 2 and many[0] != many[1]
             with SyncConsumer.for_stream(
                 env.service_url, NS, env.topic, "stream", "sync-reader"
             ) as consumer:
                 out = []
-                for _ in range(13):
+                for _ in range(5):
                     msg = consumer.receive(timeout=20)
                     consumer.ack(msg)
                     out.append((msg.key, msg.value))
+                while len(out) < 15:
+                    batch = consumer.receive_many(4, timeout=20)
+                    assert 1 <= len(batch) <= 4
+                    consumer.ack_many(batch)
+                    out += [(msg.key, msg.value) for msg in batch]
             return out
 
         received = await asyncio.to_thread(work)
         assert sorted(v for _, v in received) == sorted(
-            [f"v{i}".encode() for i in range(9)] + [f"u{i}".encode() for i in range(4)]
+            [f"v{i}".encode() for i in range(9)]
+            + [f"u{i}".encode() for i in range(4)]
+            + [b"m0", b"m1"]
         )
         assert all(k is None for k, v in received if v.startswith(b"u"))
         for key in ("k0", "k1", "k2"):
-            values = [int(v[1:]) for k, v in received if k == key]
+            values = [int(v[1:]) for k, v in received if k == key and v.startswith(b"v")]
             assert len(values) == 3
             assert values == sorted(values)
+    finally:
+        await env.close()
+
+
+async def _first_value(consumer: StreamConsumer | QueueConsumer) -> bytes:
+    """The first value a fresh consumer of an acknowledged subscription receives: the marker
+    sent after the acknowledgements, unless something acknowledged is delivered again."""
+    async with consumer, asyncio.timeout(30):
+        return (await consumer.receive()).value
+
+
+async def test_send_many_receive_many_and_ack_many(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    env = await _env(operator, brokers, "batches")
+    try:
+        count = 300
+        values = [b"%d" % i for i in range(count)]
+        keys: list[str | bytes | None] = [KEYS[i % len(KEYS)] for i in range(count)]
+        async with ScalableTopicProducer(env.service_url, NS, env.topic, max_pending=50) as p:
+            with pytest.raises(ValueError, match="300 values but 2 keys"):
+                await p.send_many(values, keys[:2])
+            assert await (await p.send_many([])) == []
+            # a batch six times max_pending waits for room message by message
+            batch = await p.send_many(values[:150], keys[:150])
+            single = await p.send_async(b"single", "user-0")
+            rest = await p.send_many(values[150:], keys[150:])
+            unkeyed = await p.send_many([b"u0", b"u1", b"u2", b"u3"])
+            ids = await batch + await rest
+            assert len(ids) == count and all(isinstance(i, MessageId) for i in ids)
+            assert len(set(ids)) == count
+            for key in KEYS:
+                of_key = [i for i, k in zip(ids, keys, strict=True) if k == key]
+                assert of_key == sorted(of_key), f"{key}: stored out of send order"
+                assert len({i.segment_id for i in of_key}) == 1
+            # user-0 is keys[144] in the first batch and keys[168] in the second
+            assert ids[144] < await single < ids[168], "send order across calls"
+            assert {i.segment_id for i in await unkeyed} == {0, 1}
+        with pytest.raises(ProducerClosedError):
+            await p.send_many([b"late"])
+
+        stream = StreamConsumer(env.service_url, NS, env.topic, "stream", "batch-reader")
+        queue = QueueConsumer(env.service_url, NS, env.topic, "queue", "batch-worker")
+        for consumer in (stream, queue):
+            got: list[bytes] = []
+            async with consumer, asyncio.timeout(30):
+                with pytest.raises(ValueError):
+                    await consumer.receive_many(0)
+                while len(got) < count + 5:
+                    messages = await consumer.receive_many(64)
+                    assert 1 <= len(messages) <= 64
+                    got += [m.value for m in messages]
+                    consumer.ack_many(messages)
+            assert sorted(got) == sorted([*values, b"single", b"u0", b"u1", b"u2", b"u3"])
+            if consumer is stream:
+                by_key: dict[str, list[int]] = {}
+                for value in got:
+                    if value.isdigit():
+                        by_key.setdefault(KEYS[int(value) % len(KEYS)], []).append(int(value))
+                assert all(v == sorted(v) for v in by_key.values()), "per-key order broken"
+
+        async with ScalableTopicProducer(env.service_url, NS, env.topic) as p:
+            await (await p.send_many([b"marker"], ["user-1"]))
+        again = StreamConsumer(env.service_url, NS, env.topic, "stream", "batch-reader")
+        assert await _first_value(again) == b"marker", "ack_many lost an ack"
+        worker = QueueConsumer(env.service_url, NS, env.topic, "queue", "batch-worker")
+        assert await _first_value(worker) == b"marker", "ack_many lost an ack"
     finally:
         await env.close()

@@ -1,13 +1,17 @@
 """The SDK's per-message fast paths produce what the general paths do (issue 17): the
-producer's entry encoding with the routing hashes, and the consumers' one-object decoding."""
+producer's entry encoding with the routing hashes, the consumers' one-object decoding, and
+``send_many``'s one future for many messages."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from scalable_topics.client.consumers.common import entry_messages
-from scalable_topics.client.producer import ScalableTopicProducer, _Out
-from scalable_topics.client.segment import ReceivedEntry
+from scalable_topics.client.model import MessageId
+from scalable_topics.client.producer import ScalableTopicProducer, _Entry, _Link, _Many, _Out
+from scalable_topics.client.segment import EntryAck, EntryRejectedError, ReceivedEntry
 from scalable_topics.core import wire
 
 
@@ -51,3 +55,50 @@ def test_consumer_messages_carry_every_field_of_the_entry() -> None:
         assert (m.segment_id, m.position, m.batch_index, m.batch_size) == (6, 12, index, 2)
         assert (m.publish_time_ms, m.producer_name, m.redelivery_count) == (99, "prod", 2)
     assert out[0].properties is not out[1].properties
+
+
+def _batch(
+    loop: asyncio.AbstractEventLoop, count: int
+) -> tuple[asyncio.Future[list[MessageId]], list[_Out]]:
+    future: asyncio.Future[list[MessageId]] = loop.create_future()
+    many = _Many(future, count)
+    return future, [_Out(b"v%d" % i, b"k%d" % i, None, None, many, i) for i in range(count)]
+
+
+async def test_send_many_resolves_in_call_order_once_every_entry_is_acknowledged() -> None:
+    loop = asyncio.get_running_loop()
+    producer = ScalableTopicProducer("http://127.0.0.1:1", "ns", "t", name="p-1")
+    future, outs = _batch(loop, 5)
+    single = loop.create_future()
+    outs.insert(2, _Out(b"s", b"k", None, None, single))
+    link = _Link(3)
+    producer._pending = link.pending = 6
+    # entries are cut per bucket, so a batch's messages finish in any order
+    second, first = _Entry([outs[4], outs[5]]), _Entry([outs[0], outs[1], outs[2], outs[3]])
+    producer._finish(link, second, ack=EntryAck(1, 41, False))
+    assert not future.done()
+    producer._finish(link, first, ack=EntryAck(0, 40, False))
+    assert await future == [
+        MessageId(3, 40, 0),
+        MessageId(3, 40, 1),
+        MessageId(3, 40, 3),
+        MessageId(3, 41, 0),
+        MessageId(3, 41, 1),
+    ]
+    assert await single == MessageId(3, 40, 2)
+    assert producer.pending == 0
+
+
+async def test_send_many_fails_with_the_first_error_of_any_message() -> None:
+    loop = asyncio.get_running_loop()
+    producer = ScalableTopicProducer("http://127.0.0.1:1", "ns", "t", name="p-1")
+    future, outs = _batch(loop, 4)
+    link = _Link(0)
+    producer._pending = link.pending = 4
+    producer._finish(link, _Entry(outs[:2]), ack=EntryAck(0, 0, False))
+    rejected = EntryRejectedError(1, "entry_too_large", "too large")
+    producer._finish(link, _Entry(outs[2:3]), error=rejected)
+    producer._finish(link, _Entry(outs[3:]), ack=EntryAck(2, 1, False))
+    with pytest.raises(EntryRejectedError, match="too large"):
+        await future
+    assert producer.pending == 0

@@ -88,6 +88,30 @@ def test_entry_messages_carry_their_ids_and_keys() -> None:
     assert [m.batch_size for m in messages] == [3, 3, 3]
 
 
+def test_messages_and_ids_are_immutable_values() -> None:
+    messages = entry_messages(
+        2,
+        ReceivedEntry(
+            position=3,
+            redelivery_count=0,
+            entry=encode_entry("p", 0, [WireMessage(b"v", key=b"k")]),
+        ),
+    )
+    (message,) = messages
+    assert type(message) is Message, "the consumers' fast constructor builds the public type"
+    assert message == Message("k", b"v", 2, 3, 0, 1, {}, None, message.publish_time_ms, "p")
+    with pytest.raises(AttributeError):
+        message.value = b"changed"  # type: ignore[misc]
+    assert Message("k", b"v", 0, 0).properties == {}
+    with pytest.raises(TypeError):
+        Message("k", b"v", 0, 0).properties["x"] = "y"  # type: ignore[index]
+    ids = [MessageId(1, 0, 2), MessageId(0, 9), MessageId(1, 0, 1)]
+    assert sorted(ids) == [MessageId(0, 9, 0), MessageId(1, 0, 1), MessageId(1, 0, 2)]
+    assert len({MessageId(0, 9), MessageId(0, 9, 0)}) == 1
+    with pytest.raises(AttributeError):
+        ids[0].position = 5  # type: ignore[misc]
+
+
 def test_decode_key() -> None:
     assert decode_key(None) is None
     assert decode_key("é".encode()) == "é"

@@ -36,7 +36,7 @@ import operator
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 
@@ -74,15 +74,58 @@ class ProducerClosedError(Exception):
 
 def _fail_all(outs: list[_Out], error: Exception) -> None:
     for out in outs:
-        if not out.future.done():
-            out.future.set_exception(error)
-            out.future.exception()  # retrieved: a caller that dropped the future is not warned
+        _fail_one(out, error)
+
+
+def _fail_one(out: _Out, error: BaseException) -> None:
+    sink = out.future
+    if isinstance(sink, _Many):
+        sink.fail(error)
+    elif not sink.done():
+        sink.set_exception(error)
+        sink.exception()  # retrieved: a caller that dropped the future is not warned
+
+
+class _Many:
+    """The one future of a :meth:`ScalableTopicProducer.send_many` call and the ids gathered
+    for it: it resolves when the last of its messages is acknowledged, and fails with the
+    first error of any of them."""
+
+    __slots__ = ("future", "ids", "left")
+
+    def __init__(self, future: asyncio.Future[list[MessageId]], count: int) -> None:
+        self.future = future
+        self.ids: list[MessageId | None] = [None] * count
+        self.left = count
+
+    def settle(self, slot: int, message_id: MessageId) -> None:
+        if self.ids[slot] is not None or self.future.done():
+            return
+        self.ids[slot] = message_id
+        self.left -= 1
+        if self.left == 0:
+            self.future.set_result(self.ids)  # type: ignore[arg-type]  # every slot is set
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+            self.future.exception()
 
 
 class _Out:
     """One message on its way to a broker."""
 
-    __slots__ = ("future", "hash32", "hashb", "key", "properties", "size", "timestamp_ms", "value")
+    __slots__ = (
+        "future",
+        "hash32",
+        "hashb",
+        "key",
+        "properties",
+        "size",
+        "slot",
+        "timestamp_ms",
+        "value",
+    )
 
     def __init__(
         self,
@@ -90,13 +133,16 @@ class _Out:
         key: bytes | None,
         timestamp_ms: int | None,
         properties: Mapping[str, str] | None,
-        future: asyncio.Future[MessageId],
+        future: asyncio.Future[MessageId] | _Many,
+        slot: int = 0,
     ) -> None:
         self.value = value
         self.key = key
         self.timestamp_ms = timestamp_ms
         self.properties = properties
         self.future = future
+        self.slot = slot
+        """The message's index in its ``send_many`` call."""
         self.hash32: int | None = None if key is None else key_hash(key)
         self.hashb: int | None = None if self.hash32 is None else self.hash32 & 0xFFFF
         """The key's bucket hash (``hashB``), None without a key."""
@@ -111,6 +157,7 @@ class _Out:
         )
 
 
+_new_id: Callable[[type[MessageId], tuple[int, int, int]], MessageId] = tuple.__new__
 _HASHB_OF = operator.attrgetter("hashb")
 _SIZE_OF = operator.attrgetter("size")
 
@@ -276,6 +323,50 @@ class ScalableTopicProducer:
         """Queue one message (waiting only while ``max_pending`` messages are unacknowledged);
         the returned future resolves once it is durable. Messages of one key are stored in the
         order of the ``send_async`` calls."""
+        await self._wait_space()
+        kb = key.encode("utf-8") if isinstance(key, str) else key
+        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        self._queue(_Out(bytes(value), kb, timestamp_ms, properties, future))
+        return future
+
+    async def send_many(
+        self,
+        values: Sequence[bytes],
+        keys: Sequence[str | bytes | None] | None = None,
+    ) -> asyncio.Future[list[MessageId]]:
+        """Queue ``values`` (with ``keys[i]`` as the key of ``values[i]``; no keys: unkeyed) in
+        order, as that many :meth:`send_async` calls would, and return one future: it resolves
+        to their ids, in the order given, once every one of them is durable.
+
+        The throughput path: a message costs no future, no coroutine and no callback of its
+        own, about half of ``send_async``'s client CPU per message at 100 B (docs/client.md).
+        If any message fails, the future fails with that error; the others may be stored
+        (resend the whole batch, as after a failed ``send``). Waits for room as ``send_async``
+        does, message by message, so a batch larger than ``max_pending`` is fine."""
+        if keys is not None and len(keys) != len(values):
+            raise ValueError(f"{len(values)} values but {len(keys)} keys")
+        future: asyncio.Future[list[MessageId]] = asyncio.get_running_loop().create_future()
+        if not values:
+            future.set_result([])
+            return future
+        many = _Many(future, len(values))
+        for slot, value in enumerate(values):
+            if not self._space.is_set() or self._failure is not None or self._closing.is_set():
+                try:
+                    await self._wait_space()
+                except Exception as exc:
+                    many.fail(exc)
+                    raise
+                except BaseException:
+                    future.cancel()
+                    raise
+            key = None if keys is None else keys[slot]
+            kb = key.encode("utf-8") if isinstance(key, str) else key
+            self._queue(_Out(bytes(value), kb, None, None, many, slot))
+        return future
+
+    async def _wait_space(self) -> None:
+        """Return once a message may be queued; raise if the producer cannot take it."""
         if not self._started:
             raise RuntimeError("the producer is not started (use 'async with' or start())")
         while True:
@@ -284,17 +375,15 @@ class ScalableTopicProducer:
             if self._closing.is_set():
                 raise ProducerClosedError("producer closed")
             if self._space.is_set():
-                break
+                return
             await self._space.wait()
-        kb = key.encode("utf-8") if isinstance(key, str) else key
-        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        out = _Out(bytes(value), kb, timestamp_ms, properties, future)
+
+    def _queue(self, out: _Out) -> None:
         self._pending += 1
         self._idle.clear()
         if self._pending >= self.max_pending:
             self._space.clear()
         self._enqueue(out)
-        return future
 
     async def flush(self) -> None:
         """Send every batch now and wait until everything sent so far is acknowledged."""
@@ -579,15 +668,17 @@ class ScalableTopicProducer:
         entry.finished = True
         if error is not None:
             for out in entry.messages:
-                if not out.future.done():
-                    out.future.set_exception(error)
+                _fail_one(out, error)
         else:
             assert ack is not None
             segment_id, position = link.segment_id, ack.position
             for index, out in enumerate(entry.messages):
-                future = out.future
-                if not future.done():
-                    future.set_result(MessageId(segment_id, position, index))
+                sink = out.future
+                message_id = _new_id(MessageId, (segment_id, position, index))
+                if isinstance(sink, _Many):
+                    sink.settle(out.slot, message_id)
+                elif not sink.done():
+                    sink.set_result(message_id)
         self._release(link, len(entry.messages))
 
     def _corrupted(self, link: _Link, error: SegmentCorruptedError) -> None:

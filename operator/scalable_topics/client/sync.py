@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -100,6 +100,21 @@ class SyncProducer:
 
         return self._thread.submit(queue())
 
+    def send_many(
+        self,
+        values: Sequence[bytes],
+        keys: Sequence[str | bytes | None] | None = None,
+        *,
+        timeout: float | None = 60.0,
+    ) -> list[MessageId]:
+        """:meth:`ScalableTopicProducer.send_many`, waiting until every message is durable:
+        one hop to the producer's thread per batch instead of one per message."""
+
+        async def send() -> list[MessageId]:
+            return await (await self._producer.send_many(values, keys))
+
+        return self._thread.run(send(), timeout)
+
     def flush(self, timeout: float | None = 60.0) -> None:
         self._thread.run(self._producer.flush(), timeout)
 
@@ -162,11 +177,23 @@ class SyncConsumer:
         """The next message; raises ``TimeoutError`` after ``timeout`` seconds."""
         return self._thread.run(self._consumer.receive(), timeout)
 
+    def receive_many(self, max_messages: int = 1000, timeout: float | None = None) -> list[Message]:
+        """The next message and those queued behind it (``receive_many`` of the consumer)."""
+        return self._thread.run(self._consumer.receive_many(max_messages), timeout)
+
     def ack(self, message: Message) -> None:
+        consumer = self._acknowledging()
+        self._thread.run(consumer.ack(message), 30)
+
+    def ack_many(self, messages: Sequence[Message]) -> None:
+        consumer = self._acknowledging()
+        self._on_loop(lambda: consumer.ack_many(messages))
+
+    def _acknowledging(self) -> StreamConsumer | QueueConsumer:
         consumer = self._consumer
         if isinstance(consumer, CheckpointConsumer):
             raise TypeError("a checkpoint consumer does not acknowledge; use checkpoint()")
-        self._thread.run(consumer.ack(message), 30)
+        return consumer
 
     def nack(self, message: Message) -> None:
         """Give a queue consumer's message back for redelivery."""

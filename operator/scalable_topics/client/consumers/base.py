@@ -198,6 +198,25 @@ class _ConsumerBase:
                 raise self._fatal
             await self._delivery.not_empty.wait()
 
+    async def receive_many(self, max_messages: int = 1000) -> list[Message]:
+        """Wait for the next message, then return it with those already queued behind it, up
+        to ``max_messages``, in the order :meth:`receive` would return them.
+
+        The throughput path: one await per batch instead of one per message. It never waits
+        to fill a batch, so it adds no latency."""
+        if max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
+        batch = [await self.receive()]
+        take, delivered = self._delivery.take, self._delivered
+        while len(batch) < max_messages:
+            got = take()
+            if got is None:
+                break
+            reader, message = got
+            delivered(reader, message)
+            batch.append(message)
+        return batch
+
     def _delivered(self, reader: _Reader, message: Message) -> None:
         """The application took ``message``."""
 

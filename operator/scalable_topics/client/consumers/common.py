@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import aiohttp
 
@@ -15,7 +16,7 @@ from scalable_topics.core import sessions as proto
 from scalable_topics.core import wire
 
 from ..dag import TopicNotFoundError
-from ..model import Message, decode_key
+from ..model import EMPTY_PROPERTIES, Message
 from ..segment import (
     ReceivedEntry,
     SegmentConsumer,
@@ -40,6 +41,8 @@ _FATAL_CLOSES = {
 }
 _WAITING_CODES = {wire.ERR_CONSUMER_BUSY, wire.ERR_BUCKET_CONFLICT}
 """Attach refusals that only mean "the previous owner has not let go yet"."""
+
+_new_tuple: Callable[[type[Message], tuple[Any, ...]], Message] = tuple.__new__
 
 
 class ConsumerError(Exception):
@@ -94,8 +97,9 @@ def entry_messages(segment_id: int, item: ReceivedEntry) -> list[Message]:
     """The application messages of a delivered entry.
 
     The hot path of every consumer: the payload is decoded straight into :class:`Message`
-    objects (no intermediate ``wire.Message``, arguments by position), so a message costs one
-    object; the properties dict is the decoder's own, fresh per message."""
+    tuples, built with ``tuple.__new__`` (no intermediate ``wire.Message``, no Python-level
+    constructor call), so a message costs one object: without properties it shares one empty
+    read-only mapping; with them, the dict is the decoder's own, fresh per message."""
     entry = item.entry
     header = wire.decode_entry_header(entry)
     count = header.message_count
@@ -104,18 +108,21 @@ def entry_messages(segment_id: int, item: ReceivedEntry) -> list[Message]:
     producer_name = header.producer_name
     redelivery_count = item.redelivery_count
     return [
-        Message(
-            decode_key(key),
-            value,
-            segment_id,
-            position,
-            i,
-            count,
-            properties,
-            timestamp_ms,
-            publish_time_ms,
-            producer_name,
-            redelivery_count,
+        _new_tuple(
+            Message,
+            (
+                None if key is None else key.decode("utf-8", "surrogateescape"),
+                value,
+                segment_id,
+                position,
+                i,
+                count,
+                properties or EMPTY_PROPERTIES,
+                timestamp_ms,
+                publish_time_ms,
+                producer_name,
+                redelivery_count,
+            ),
         )
         for i, (value, key, timestamp_ms, properties) in enumerate(
             wire.iter_message_fields(wire.entry_payload(entry, header), count)

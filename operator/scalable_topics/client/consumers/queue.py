@@ -3,6 +3,7 @@ entry buckets (or round-robin with ``ordered=False``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Unpack
 
 from scalable_topics.core import sessions as proto
@@ -123,6 +124,11 @@ class QueueConsumer(_ConsumerBase):
         self._settle(reader, message.position)
         if reader.consumer is not None:
             reader.consumer.ack(message.position)
+
+    def ack_many(self, messages: Iterable[Message]) -> None:
+        """Acknowledge each message of ``messages`` (a batch from :meth:`receive_many`)."""
+        for message in messages:
+            self.ack_nowait(message)
 
     def nack(self, message: Message) -> None:
         """Give the message's entry back for redelivery (ordered: to the bucket's owner, which

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from scalable_topics.core import sessions as proto
 
 from ..model import Message
@@ -64,6 +66,15 @@ class StreamConsumer(_ConsumerBase):
     async def ack(self, message: Message) -> None:
         """Acknowledge ``message`` and every message handed out before it from its reader."""
         self.ack_nowait(message)
+
+    def ack_many(self, messages: Iterable[Message]) -> None:
+        """Acknowledge every message of ``messages`` (and what was handed out before them):
+        a batch from :meth:`receive_many` costs one cumulative acknowledgement per segment."""
+        last: dict[int, Message] = {}
+        for message in messages:
+            last[message.segment_id] = message
+        for message in last.values():
+            self.ack_nowait(message)
 
     def ack_nowait(self, message: Message) -> None:
         segment_id = message.segment_id
