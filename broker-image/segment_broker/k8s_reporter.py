@@ -4,9 +4,10 @@ subscription to ``Segment.status.backlog`` and a quarantined segment's corruptio
 
 Wrapped in ``load.ThresholdReporter`` it patches only when a rate (or a backlog) moved by more
 than 25 % since the last write, so a steady segment costs no API writes, and the load write's
-``updatedAt`` is the modification time the controller's merge window is measured from (a
-backlog write is a patch of its own and leaves ``load`` alone). The broker's ServiceAccount
-needs ``patch`` on ``segments/status`` and nothing else.
+``updatedAt`` is the modification time the controller's merge window is measured from. Rates
+and backlog that moved in the same interval go in one patch (a new segment's first report is
+one write, not two); a backlog alone leaves ``load`` and its ``updatedAt`` untouched. The
+broker's ServiceAccount needs ``patch`` on ``segments/status`` and nothing else.
 """
 
 from __future__ import annotations
@@ -48,20 +49,36 @@ class KubernetesLoadReporter:
         await self.api_client.close()
 
     async def write(self, namespace: str, topic: str, segment_id: int, rates: SegmentRates) -> None:
-        body = {"status": {"load": {**rates.to_status(), "updatedAt": format_time(self.clock())}}}
-        if await self._patch_status(namespace, topic, segment_id, body, "load"):
-            self.writes += 1
+        await self.write_status(namespace, topic, segment_id, rates, None)
 
     async def write_backlog(
         self, namespace: str, topic: str, segment_id: int, backlog: Mapping[str, int]
     ) -> None:
+        await self.write_status(namespace, topic, segment_id, None, backlog)
+
+    async def write_status(
+        self,
+        namespace: str,
+        topic: str,
+        segment_id: int,
+        rates: SegmentRates | None,
+        backlog: Mapping[str, int] | None,
+    ) -> None:
+        """One merge patch of ``status.load`` and/or ``status.backlog`` (None: left as is)."""
+        status: dict[str, Any] = {}
         key = (namespace, topic, segment_id)
-        gone = self._backlog_names.get(key, set()) - backlog.keys()
-        value: dict[str, int | None] = {**dict.fromkeys(gone), **backlog}
-        body = {"status": {"backlog": value}}
-        if await self._patch_status(namespace, topic, segment_id, body, "backlog"):
+        if rates is not None:
+            status["load"] = {**rates.to_status(), "updatedAt": format_time(self.clock())}
+        if backlog is not None:
+            gone = self._backlog_names.get(key, set()) - backlog.keys()
+            status["backlog"] = {**dict.fromkeys(gone), **backlog}
+        if not status:
+            return
+        what = " and ".join(part for part in ("load", "backlog") if part in status)
+        if await self._patch_status(namespace, topic, segment_id, {"status": status}, what):
             self.writes += 1
-            self._backlog_names[key] = set(backlog)
+            if backlog is not None:
+                self._backlog_names[key] = set(backlog)
 
     def forget(self, namespace: str, topic: str, segment_id: int) -> None:
         self._backlog_names.pop((namespace, topic, segment_id), None)

@@ -251,6 +251,21 @@ class BacklogReporter(Protocol):
 
 
 @runtime_checkable
+class StatusReporter(Protocol):
+    """A reporter that writes a segment's rates and backlog in one call (the Kubernetes one:
+    one status patch instead of two). ``None`` leaves that part as it is."""
+
+    async def write_status(
+        self,
+        namespace: str,
+        topic: str,
+        segment_id: int,
+        rates: SegmentRates | None,
+        backlog: Mapping[str, int] | None,
+    ) -> None: ...
+
+
+@runtime_checkable
 class ForgettingReporter(Protocol):
     """A reporter that keeps per-segment state and can drop it when the segment goes away."""
 
@@ -314,6 +329,38 @@ class ThresholdReporter:
             return
         await self.inner.write_backlog(namespace, topic, segment_id, backlog)
         self._last_backlog[key] = dict(backlog)
+
+    async def report(
+        self,
+        namespace: str,
+        topic: str,
+        segment_id: int,
+        rates: SegmentRates,
+        backlog: Mapping[str, int],
+    ) -> None:
+        """:meth:`write` and :meth:`write_backlog` of one sample, in one inner call when the
+        inner reporter is a :class:`StatusReporter` and both moved (a new segment's first
+        sample always does): one API write per segment and interval at most."""
+        if not isinstance(self.inner, StatusReporter):
+            await self.write(namespace, topic, segment_id, rates)
+            await self.write_backlog(namespace, topic, segment_id, backlog)
+            return
+        key = (namespace, topic, segment_id)
+        rates_due = self.moved(self._last.get(key), rates)
+        backlog_due = self.backlog_moved(self._last_backlog.get(key), backlog)
+        if not rates_due and not backlog_due:
+            return
+        await self.inner.write_status(
+            namespace,
+            topic,
+            segment_id,
+            rates if rates_due else None,
+            backlog if backlog_due else None,
+        )
+        if rates_due:
+            self._last[key] = rates
+        if backlog_due:
+            self._last_backlog[key] = dict(backlog)
 
     def forget(self, namespace: str, topic: str, segment_id: int) -> None:
         self._last.pop((namespace, topic, segment_id), None)
@@ -496,6 +543,18 @@ class LoadTracker:
         for r in records:
             if (r.namespace, r.topic, r.segment_id) not in self._segments:
                 continue  # removed while the previous writes were in flight
+            if isinstance(self.reporter, ThresholdReporter):
+                try:
+                    await self.reporter.report(
+                        r.namespace, r.topic, r.segment_id, r.rates, r.backlog
+                    )
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception(
+                        "status report for %s/%s/%d failed", r.namespace, r.topic, r.segment_id
+                    )
+                continue
             try:
                 await self.reporter.write(r.namespace, r.topic, r.segment_id, r.rates)
             except asyncio.CancelledError:

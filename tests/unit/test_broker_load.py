@@ -342,6 +342,51 @@ async def test_backlog_is_reported_by_the_25_percent_rule_and_steady_writes_noth
     ]
 
 
+class StatusRecorder(CountingReporter):
+    """A reporter that takes rates and backlog in one call, as the Kubernetes one does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.statuses: list[tuple[SegmentRates | None, dict[str, int] | None]] = []
+
+    async def write_status(
+        self,
+        namespace: str,
+        topic: str,
+        segment_id: int,
+        rates: SegmentRates | None,
+        backlog: Mapping[str, int] | None,
+    ) -> None:
+        self.statuses.append((rates, None if backlog is None else dict(backlog)))
+
+
+async def test_rates_and_backlog_that_moved_together_are_one_write() -> None:
+    clock = Clock(T0)
+    inner = StatusRecorder()
+    tracker = make_tracker(clock, ThresholdReporter(inner))
+    backlog = {"billing": 4}
+    seg = tracker.segment("ns", "t", 0, "0000-ffff-0", (0, 0xFFFF))
+    seg.backlog_source = lambda: backlog
+
+    clock.t += 10
+    await tracker.step()  # a new segment: its rates and backlog in one write
+    [(first_rates, first_backlog)] = inner.statuses
+    assert first_rates is not None and first_backlog == {"billing": 4}
+    clock.t += 10
+    await tracker.step()  # steady: nothing
+    assert len(inner.statuses) == 1
+    backlog["billing"] = 9
+    clock.t += 10
+    await tracker.step()  # the backlog alone moved: load (and its updatedAt) stay as they are
+    assert inner.statuses[1] == (None, {"billing": 9})
+    seg.record_in(1000, 100_000, 0x10)
+    clock.t += 10
+    await tracker.step()  # the rates alone moved
+    rates_only, no_backlog = inner.statuses[2]
+    assert rates_only is not None and rates_only.msg_rate_in > 0 and no_backlog is None
+    assert inner.writes == [], "the separate write is not used"
+
+
 async def test_a_reporter_without_backlogs_gets_rates_only() -> None:
     clock = Clock(T0)
     inner = CountingReporter()
