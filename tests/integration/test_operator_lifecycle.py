@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from scalable_topics.client.segment import SegmentError, SegmentProducer, SegmentSealedError
 from scalable_topics.core.layout import SegmentLayout
@@ -279,6 +280,34 @@ async def test_name_at_the_limit_becomes_ready(stack: Stack) -> None:
     segments = await stack.segments(name)
     assert {s["metadata"]["name"] for s in segments.values()} == {f"{name}-0", f"{name}-1"}
     await assert_consistent(stack, name)
+
+
+async def _segment_lists_by_namespace(stack: Stack) -> float:
+    """Namespace-scoped LISTs of Segments the API server has served (the operator's
+    label-selected listing of one topic's Segments; the recommender lists cluster-wide)."""
+    text = (await stack.kubectl("get", "--raw", "/metrics")).stdout
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "apiserver_request_total"
+        and sample.labels.get("resource") == "segments"
+        and sample.labels.get("verb") == "LIST"
+        and sample.labels.get("scope") == "namespace"
+    )
+
+
+async def test_new_topics_do_not_list_the_namespaces_segments(stack: Stack) -> None:
+    """A new topic is known to be new from the operator's complete Segment cache and the
+    brokers' per-topic index: no label-selected LIST, which scans every Segment of the
+    namespace at the API server (issue 17: the costliest request of a new topic at 10,000)."""
+    before = await _segment_lists_by_namespace(stack)
+    names = [f"fresh-{i}" for i in range(3)]
+    for name in names:
+        await stack.apply_topic(topic_body(name, segments=2))
+    for name in names:
+        await stack.wait_ready(name)
+    assert await _segment_lists_by_namespace(stack) == before
 
 
 async def test_initial_segments_above_the_namespace_max_builds_nothing(stack: Stack) -> None:

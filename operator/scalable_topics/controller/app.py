@@ -296,6 +296,10 @@ class Controller:
         key, value = self.settings.broker_label
         for pod in await self.kube.list_pods_all_namespaces(f"{key}={value}"):
             self.cache.put_pod(pod)
+        if not self.cache.segments_complete:
+            for segment in await self.kube.list_all_segments():
+                self.cache.put_segment(segment)
+            self.cache.segments_complete = True
         for topic in await self.kube.list_topics():
             self.cache.put_topic(topic)
         for (namespace, name), topic in list(self.cache.topics.items()):

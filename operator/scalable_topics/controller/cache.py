@@ -97,6 +97,12 @@ class TopicCache:
         self.broker_scheme = broker_scheme
         self.topics: dict[Key, JsonObj] = {}
         self.segments: dict[Key, dict[int, JsonObj]] = defaultdict(dict)
+        self.segments_complete = False
+        """Every Segment the API server held when this replica first led a shard was put here
+        (one cluster-wide LIST when it gained the shard), and the watch has kept them since:
+        a topic with none here has none at all, unless a Segment was created after that LIST by
+        another writer, which only the topic's leader is, and only after it wrote the topic's
+        layout (so a topic without a layout has none)."""
         self.brokers: dict[str, BrokerPod] = {}
         self._changed: dict[Key, asyncio.Event] = defaultdict(asyncio.Event)
         self._fingerprints: dict[Key, Any] = {}

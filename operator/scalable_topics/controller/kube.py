@@ -162,6 +162,11 @@ class KubeApi:
         )
         return cast(list[JsonObj], result.get("items", []))
 
+    async def list_all_segments(self) -> list[JsonObj]:
+        """Every Segment of every namespace (one LIST, no selector)."""
+        result = await self.custom.list_custom_object_for_all_namespaces(GROUP, VERSION, SEGMENTS)
+        return cast(list[JsonObj], result.get("items", []))
+
     async def create_segment(self, body: JsonObj) -> JsonObj:
         """Create, or return the existing object when it is already there (idempotent)."""
         meta = body["metadata"]
