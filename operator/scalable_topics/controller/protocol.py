@@ -247,6 +247,7 @@ class OperationExecutor:
         state: str = "Pending",
         writable: bool = True,
         epochs: Mapping[str, Any] | None = None,
+        placed: list[str] | None = None,
     ) -> str:
         """Segment resource + placement + segment on its broker; returns the broker URL.
 
@@ -284,9 +285,11 @@ class OperationExecutor:
             log.info(
                 "%s/%s: placed segment %d (%s) on %s", ns, name, segment_id, hash_range.hex(), pod
             )
-            await self.events(
-                topic, "Normal", "Placed", f"segment #{segment_id} {hash_range.hex()} on {pod}"
-            )
+            placement = f"segment #{segment_id} {hash_range.hex()} on {pod}"
+            if placed is None:
+                await self.events(topic, "Normal", "Placed", placement)
+            else:
+                placed.append(placement)
         retention = broker_retention(topic)
         admin = self.brokers.at(url)
         on_broker = await admin.create_segment(
@@ -321,16 +324,27 @@ class OperationExecutor:
 
     async def _create_children(self, topic: JsonObj, operation: Operation) -> None:
         subscriptions = await self._subscriptions(topic, operation)
-        for child in operation.children:
-            await self.ensure_segment(
-                topic,
-                child.segment_id,
-                child.hash_range,
-                list(child.parent_ids),
-                child.buckets,
-                subscriptions,
-                writable=False,
-            )
+        placed: list[str] = []
+        try:
+            for child in operation.children:
+                await self.ensure_segment(
+                    topic,
+                    child.segment_id,
+                    child.hash_range,
+                    list(child.parent_ids),
+                    child.buckets,
+                    subscriptions,
+                    writable=False,
+                    placed=placed,
+                )
+        finally:
+            await self.announce_placed(topic, placed)
+
+    async def announce_placed(self, topic: JsonObj, placed: list[str]) -> None:
+        """One ``Placed`` event for the segments a pass placed (``ensure_segment(placed=)``):
+        a new topic or a split costs one event, not one per segment."""
+        if placed:
+            await self.events(topic, "Normal", "Placed", "; ".join(placed))
 
     async def _seal_parents(self, topic: JsonObj, operation: Operation) -> None:
         """Terminate every parent (concurrently: the producers' window is the slowest seal)."""

@@ -113,58 +113,65 @@ class SegmentKeeper:
         buckets = self.bucket_counts(topic, layout, spec)
         pending: list[int] = []
         failures: list[str] = []
-        for info in layout.segments.values():
-            # The cache as it is now, not as listed: the watch drops a Segment deleted while
-            # this pass awaited (after the listing saw it), and that one is looked for on the
-            # brokers first too, never placed afresh (empty, perhaps elsewhere).
-            seg = self._segments_of(ns, name).get(info.segment_id)
-            if seg is None and recover and info.segment_id not in looked:
-                looked.add(info.segment_id)
-                await self._recover_segments(topic, layout, [info.segment_id])
+        placed: list[str] = []
+        try:
+            for info in layout.segments.values():
+                # The cache as it is now, not as listed: the watch drops a Segment deleted while
+                # this pass awaited (after the listing saw it), and that one is looked for on the
+                # brokers first too, never placed afresh (empty, perhaps elsewhere).
                 seg = self._segments_of(ns, name).get(info.segment_id)
-            if seg is None and recover and info.active:
-                log.warning(
-                    "%s/%s: segment %d of the layout has no Segment and no broker holds it: "
-                    "placing it afresh",
-                    ns,
-                    name,
-                    info.segment_id,
-                )
-            status = (seg or {}).get("status") or {}
-            state = status.get("state")
-            recorded = status.get("broker") or {}
-            pod = self.cache.brokers.get(str(recorded.get("pod")))
-            # Unknown pod, or its URL moved (a re-created pod may get a new IP): re-record it.
-            broker_current = pod is not None and pod.url == recorded.get("url")
-            if info.active:
-                if seg is None or state != "Active" or not broker_current:
-                    try:
-                        await self.executor.ensure_segment(
-                            topic,
-                            info.segment_id,
-                            info.hash_range,
-                            list(info.parent_ids),
-                            buckets.get(info.segment_id, 1),
-                            subscriptions,
-                            state="Active",
-                            epochs=layout_epochs(info),
+                if seg is None and recover and info.segment_id not in looked:
+                    looked.add(info.segment_id)
+                    await self._recover_segments(topic, layout, [info.segment_id])
+                    seg = self._segments_of(ns, name).get(info.segment_id)
+                if seg is None and recover and info.active:
+                    log.warning(
+                        "%s/%s: segment %d of the layout has no Segment and no broker holds it: "
+                        "placing it afresh",
+                        ns,
+                        name,
+                        info.segment_id,
+                    )
+                status = (seg or {}).get("status") or {}
+                state = status.get("state")
+                recorded = status.get("broker") or {}
+                pod = self.cache.brokers.get(str(recorded.get("pod")))
+                # Unknown pod, or its URL moved (a re-created pod may get a new IP): re-record it.
+                broker_current = pod is not None and pod.url == recorded.get("url")
+                if info.active:
+                    if seg is None or state != "Active" or not broker_current:
+                        try:
+                            await self.executor.ensure_segment(
+                                topic,
+                                info.segment_id,
+                                info.hash_range,
+                                list(info.parent_ids),
+                                buckets.get(info.segment_id, 1),
+                                subscriptions,
+                                state="Active",
+                                epochs=layout_epochs(info),
+                                placed=placed,
+                            )
+                        except AdminError as exc:
+                            pending.append(info.segment_id)
+                            failures.append(str(exc))
+                            continue
+                    elif set(status.get("subscriptions") or []) != wanted:
+                        await self._sync_subscriptions(
+                            topic, info.segment_id, status, subscriptions
                         )
-                    except AdminError as exc:
-                        pending.append(info.segment_id)
-                        failures.append(str(exc))
-                        continue
-                elif set(status.get("subscriptions") or []) != wanted:
-                    await self._sync_subscriptions(topic, info.segment_id, status, subscriptions)
-            elif seg is not None and state != "Sealed":
-                updated = await self.kube.patch_segment_status(
-                    ns,
-                    segment_name(name, info.segment_id),
-                    {"state": "Sealed", "sealedAt": format_time(self.clock())},
-                )
-                self.cache.put_segment(updated)
-            current = self.cache.segments.get((ns, name), {}).get(info.segment_id)
-            if current is not None:
-                await self._record_epochs(ns, name, info, current)
+                elif seg is not None and state != "Sealed":
+                    updated = await self.kube.patch_segment_status(
+                        ns,
+                        segment_name(name, info.segment_id),
+                        {"state": "Sealed", "sealedAt": format_time(self.clock())},
+                    )
+                    self.cache.put_segment(updated)
+                current = self.cache.segments.get((ns, name), {}).get(info.segment_id)
+                if current is not None:
+                    await self._record_epochs(ns, name, info, current)
+        finally:
+            await self.executor.announce_placed(topic, placed)
         if failures:
             raise SegmentsUnavailable(pending, "; ".join(failures))
         await self.remove_orphans(topic, layout)
