@@ -186,7 +186,10 @@ def format_args(props: Path, cid: str) -> list[str]:
 
 
 def server_properties(port: int, controller_port: int, data: Path) -> str:
-    """A combined broker+controller, R1, on loopback; Kafka's defaults otherwise."""
+    """A combined broker+controller, R1, on loopback; Kafka's defaults otherwise, except that
+    a topic keeps at most about 2 GiB (256 MiB segments, retention checked every 10 s): the
+    benchmark never reads back more than that, and a full run of two Kafka rows would
+    otherwise keep tens of GB on the machine's disk."""
     return "\n".join(
         [
             "process.roles=broker,controller",
@@ -206,6 +209,9 @@ def server_properties(port: int, controller_port: int, data: Path) -> str:
             "share.coordinator.state.topic.min.isr=1",
             "group.initial.rebalance.delay.ms=0",
             "auto.create.topics.enable=false",
+            "log.segment.bytes=268435456",
+            "log.retention.bytes=2147483648",
+            "log.retention.check.interval.ms=10000",
             "",
         ]
     )

@@ -15,7 +15,12 @@ stream/segment/topic:
    measures achieved throughput and publish→ack latency (p50/p99/p99.9/max) from the *intended* send
    time. The 80 % and 50 % steps (the median p99 of each) are the latency-target figures.
    Saturation = the median of all probes;
-3. **consume**: read back from the start (batched fetch + one cumulative ack per batch).
+3. **consume**: read back from the start (batched fetch + one cumulative ack per batch). In full
+   mode it runs right after the capacity probes (they wrote more than the read needs), and each
+   system's data of a payload is dropped after its latency sweep (Kafka's is bounded by its
+   retention instead, `_kafka.server_properties`): a full run otherwise kept every step of
+   every system on disk to the end, about 100 GB, and filled a 65 GB disk. Quick mode (no
+   capacity rounds) reads what its sweep wrote, at the end.
 
 Every system but Kafka gets the same client shape: one uvloop process, batches of up to `BATCH`
 messages, at most `WINDOW` messages in flight. Server and client CPU use are recorded per step;
@@ -295,6 +300,11 @@ class _Runner:
         self._reset(payload)
         self.out.runs[payload] = PayloadRun(payload)
 
+    def drop(self, payload: int) -> None:
+        """Free the disk the payload's data takes (a fresh stream, segment or key), keeping the
+        results measured so far."""
+        self._reset(payload)
+
     def _reset(self, payload: int) -> None:
         assert self.pool is not None
         self.pool.submit(_worker.reset, self.system.key, self._endpoint(payload)).result(120)
@@ -430,6 +440,10 @@ class _KafkaRunner(_Runner):
         if self.produced.get(payload, 0) >= 0:
             self.produced[payload] = self.produced.get(payload, 0) + records
         return _kafka.parse_producer_perf(run.stdout), run
+
+    def drop(self, payload: int) -> None:
+        """Nothing: the topics exist (a second create fails), and the server's retention
+        (``log.retention.bytes``) bounds what they keep."""
 
     def _reset(self, payload: int) -> None:
         bootstrap = str(self.endpoint["bootstrap"])
@@ -641,9 +655,15 @@ class _Bench:
                     ),
                     rotate=round_,
                 )
+        consumed_early = mode.repeats > 0
+        if consumed_early:
+            print("[bench] phase 3: consume (what the capacity probes wrote)", flush=True)
+            for payload in PAYLOADS:
+                self.each(functools.partial(_consume, payload=payload, mode=mode))
         print("[bench] phase 2: latency (open loop)", flush=True)
         for payload in PAYLOADS:
-            self.each(functools.partial(_latency_sweep, payload=payload, mode=mode))
+            sweep = functools.partial(_latency_sweep, payload=payload, mode=mode)
+            self.each(functools.partial(sweep, drop=consumed_early))
         if mode.equal_load > 0:
             print("[bench] phase 2b: latency at equal offered load", flush=True)
             for payload in PAYLOADS:
@@ -653,9 +673,10 @@ class _Bench:
                     continue
                 rate = mode.equal_load * min(sats)
                 self.each(functools.partial(_equal_step, payload=payload, rate=rate, mode=mode))
-        print("[bench] phase 3: consume", flush=True)
-        for payload in PAYLOADS:
-            self.each(functools.partial(_consume, payload=payload, mode=mode))
+        if not consumed_early:
+            print("[bench] phase 3: consume", flush=True)
+            for payload in PAYLOADS:
+                self.each(functools.partial(_consume, payload=payload, mode=mode))
         for runner in self.all_runners:
             if runner.server.alive():
                 runner.out.rss_peak_kb = memory_kb(runner.server.pid, "VmHWM")
@@ -670,7 +691,7 @@ def _equal_step(r: _Runner, payload: int, rate: float, mode: Mode) -> None:
         r.produce(payload, rate, "equal", mode)
 
 
-def _latency_sweep(r: _Runner, payload: int, mode: Mode) -> None:
+def _latency_sweep(r: _Runner, payload: int, mode: Mode, drop: bool = False) -> None:
     """A fresh capacity probe, then open-loop steps at fractions of the capacity, 80 % first:
     the disk and CPU of a shared machine drift within minutes, and the latency target is about
     80 % of the capacity the system has now. The probe also counts toward the median, and the
@@ -679,12 +700,13 @@ def _latency_sweep(r: _Runner, payload: int, mode: Mode) -> None:
     sustains, where an open-loop queue only grows and the latency measures the overload.
     """
     fresh = r.produce(payload, None, "probe", mode).result.achieved
-    if r.system.native:
-        return
-    capacity = min(fresh, r.out.runs[payload].saturation)
-    for fraction in mode.fractions:
-        kind = {0.8: "80%", 0.5: "50%"}.get(fraction, "sweep")
-        r.produce(payload, fraction * capacity, kind, mode)
+    if not r.system.native:
+        capacity = min(fresh, r.out.runs[payload].saturation)
+        for fraction in mode.fractions:
+            kind = {0.8: "80%", 0.5: "50%"}.get(fraction, "sweep")
+            r.produce(payload, fraction * capacity, kind, mode)
+    if drop:
+        r.drop(payload)
 
 
 def _cell_ms(x: float) -> str:

@@ -89,6 +89,9 @@ def test_server_is_a_single_node_kraft_on_loopback(tmp_path: Path) -> None:
     assert props["controller.quorum.bootstrap.servers"] == "127.0.0.1:9093"
     assert props["log.dirs"] == str(tmp_path)
     assert props["offsets.topic.replication.factor"] == "1"
+    # what a topic keeps on disk is bounded (a full run would fill the disk otherwise)
+    assert int(props["log.retention.bytes"]) == 2 * 2**30
+    assert int(props["log.segment.bytes"]) < int(props["log.retention.bytes"])
 
 
 def test_server_heap_is_fixed_and_tools_are_capped(tmp_path: Path) -> None:
