@@ -190,6 +190,12 @@ class Flow:
     async def send(self, keys: list[bytes], due: float) -> None:
         raise NotImplementedError
 
+    def _sent(self, count: int) -> None:
+        """``count`` more messages are unacknowledged; at the window the loops wait for room."""
+        self.unacked += count
+        if self.unacked >= WINDOW:
+            self.room.clear()
+
     async def idle(self) -> None:
         """Wait until every message sent is acknowledged."""
         while self.unacked > 0:
@@ -212,9 +218,7 @@ class SdkPath(Flow):
         for key in keys:
             future = await send(value, key)
             future.add_done_callback(done)
-        self.unacked += len(keys)
-        if self.unacked >= WINDOW:
-            self.room.clear()
+        self._sent(len(keys))
 
     async def consume(self, consumer: Any) -> None:
         received = self._received
@@ -232,9 +236,7 @@ class BatchPath(SdkPath):
     async def send(self, keys: list[bytes], due: float) -> None:
         future = await self.producer.send_many([_value(self.pad, due)] * len(keys), keys)
         future.add_done_callback(self._on_ack(len(keys), due))
-        self.unacked += len(keys)
-        if self.unacked >= WINDOW:
-            self.room.clear()
+        self._sent(len(keys))
 
     async def consume(self, consumer: Any) -> None:
         received = self._received
@@ -278,9 +280,7 @@ class RawPath(Flow):
                 payload, count, hmin, hmax, sample, keyed
             )
             future.add_done_callback(self._on_ack(count, due))
-        self.unacked += len(keys)
-        if self.unacked >= WINDOW:
-            self.room.clear()
+        self._sent(len(keys))
 
     async def consume(self, consumer: Any) -> None:
         received = self._received
