@@ -330,37 +330,37 @@ class ThresholdReporter:
         await self.inner.write_backlog(namespace, topic, segment_id, backlog)
         self._last_backlog[key] = dict(backlog)
 
-    async def report(
+    async def write_status(
         self,
         namespace: str,
         topic: str,
         segment_id: int,
-        rates: SegmentRates,
-        backlog: Mapping[str, int],
+        rates: SegmentRates | None,
+        backlog: Mapping[str, int] | None,
     ) -> None:
-        """:meth:`write` and :meth:`write_backlog` of one sample, in one inner call when the
-        inner reporter is a :class:`StatusReporter` and both moved (a new segment's first
-        sample always does): one API write per segment and interval at most."""
+        """:meth:`write` and :meth:`write_backlog` of one sample (None: that part is not
+        reported), in one inner call when the inner reporter is a :class:`StatusReporter` (a
+        new segment's first sample moves both): one API write per segment and interval."""
         if not isinstance(self.inner, StatusReporter):
-            await self.write(namespace, topic, segment_id, rates)
-            await self.write_backlog(namespace, topic, segment_id, backlog)
+            if rates is not None:
+                await self.write(namespace, topic, segment_id, rates)
+            if backlog is not None:
+                await self.write_backlog(namespace, topic, segment_id, backlog)
             return
         key = (namespace, topic, segment_id)
-        rates_due = self.moved(self._last.get(key), rates)
-        backlog_due = self.backlog_moved(self._last_backlog.get(key), backlog)
-        if not rates_due and not backlog_due:
-            return
-        await self.inner.write_status(
-            namespace,
-            topic,
-            segment_id,
-            rates if rates_due else None,
-            backlog if backlog_due else None,
+        due_rates = rates if rates is not None and self.moved(self._last.get(key), rates) else None
+        due_backlog = (
+            backlog
+            if backlog is not None and self.backlog_moved(self._last_backlog.get(key), backlog)
+            else None
         )
-        if rates_due:
-            self._last[key] = rates
-        if backlog_due:
-            self._last_backlog[key] = dict(backlog)
+        if due_rates is None and due_backlog is None:
+            return
+        await self.inner.write_status(namespace, topic, segment_id, due_rates, due_backlog)
+        if due_rates is not None:
+            self._last[key] = due_rates
+        if due_backlog is not None:
+            self._last_backlog[key] = dict(due_backlog)
 
     def forget(self, namespace: str, topic: str, segment_id: int) -> None:
         self._last.pop((namespace, topic, segment_id), None)
@@ -543,9 +543,9 @@ class LoadTracker:
         for r in records:
             if (r.namespace, r.topic, r.segment_id) not in self._segments:
                 continue  # removed while the previous writes were in flight
-            if isinstance(self.reporter, ThresholdReporter):
+            if isinstance(self.reporter, StatusReporter):
                 try:
-                    await self.reporter.report(
+                    await self.reporter.write_status(
                         r.namespace, r.topic, r.segment_id, r.rates, r.backlog
                     )
                 except asyncio.CancelledError:
