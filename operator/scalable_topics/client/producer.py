@@ -37,6 +37,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import aiohttp
 
@@ -78,12 +79,13 @@ def _fail_all(outs: list[_Out], error: Exception) -> None:
 
 
 def _fail_one(out: _Out, error: BaseException) -> None:
-    sink = out.future
-    if isinstance(sink, _Many):
-        sink.fail(error)
-    elif not sink.done():
-        sink.set_exception(error)
-        sink.exception()  # retrieved: a caller that dropped the future is not warned
+    _fail_future(out.future.future if isinstance(out.future, _Many) else out.future, error)
+
+
+def _fail_future(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
+        future.exception()  # retrieved: a caller that dropped the future is not warned
 
 
 class _Many:
@@ -105,11 +107,6 @@ class _Many:
         self.left -= 1
         if self.left == 0:
             self.future.set_result(self.ids)  # type: ignore[arg-type]  # every slot is set
-
-    def fail(self, error: BaseException) -> None:
-        if not self.future.done():
-            self.future.set_exception(error)
-            self.future.exception()
 
 
 class _Out:
@@ -355,7 +352,7 @@ class ScalableTopicProducer:
                 try:
                     await self._wait_space()
                 except Exception as exc:
-                    many.fail(exc)
+                    _fail_future(future, exc)
                     raise
                 except BaseException:
                     future.cancel()
