@@ -102,3 +102,12 @@ async def test_send_many_fails_with_the_first_error_of_any_message() -> None:
     with pytest.raises(EntryRejectedError, match="too large"):
         await future
     assert producer.pending == 0
+
+
+async def test_send_many_on_a_producer_not_started_raises_like_send_async() -> None:
+    producer = ScalableTopicProducer("http://127.0.0.1:1", "ns", "t", name="p-1")
+    with pytest.raises(RuntimeError, match="not started"):
+        await producer.send_async(b"v", "k")
+    with pytest.raises(RuntimeError, match="not started"):
+        await producer.send_many([b"v"], ["k"])
+    assert producer.pending == 0, "nothing was queued"

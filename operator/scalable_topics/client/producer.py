@@ -348,7 +348,14 @@ class ScalableTopicProducer:
             return future
         many = _Many(future, len(values))
         for slot, value in enumerate(values):
-            if not self._space.is_set() or self._failure is not None or self._closing.is_set():
+            # The first message always asks (a producer not started, closed or failed raises
+            # as send_async does); the others only when the fast checks say it may have to wait.
+            if (
+                slot == 0
+                or not self._space.is_set()
+                or self._failure is not None
+                or self._closing.is_set()
+            ):
                 try:
                     await self._wait_space()
                 except Exception as exc:
