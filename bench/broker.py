@@ -662,8 +662,9 @@ class _Bench:
                 self.each(functools.partial(_consume, payload=payload, mode=mode))
         print("[bench] phase 2: latency (open loop)", flush=True)
         for payload in PAYLOADS:
-            sweep = functools.partial(_latency_sweep, payload=payload, mode=mode)
-            self.each(functools.partial(sweep, drop=consumed_early))
+            self.each(
+                functools.partial(_latency_sweep, payload=payload, mode=mode, drop=consumed_early)
+            )
         if mode.equal_load > 0:
             print("[bench] phase 2b: latency at equal offered load", flush=True)
             for payload in PAYLOADS:
