@@ -35,6 +35,7 @@ from typing import Any
 
 import aiohttp
 
+from bench._scratch import scratch_root
 from bench.report import Report, Section
 
 REPO = Path(__file__).resolve().parents[1]
@@ -339,11 +340,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--topics", type=int, default=TARGET_TOPICS)
     parser.add_argument("--window", type=float, default=2 * RESYNC_SECONDS + 10)
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="bench-operator-"))
-    try:
+    with scratch_root() as work:
         result = asyncio.run(measure(args.topics, args.window, work))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     report = Report(quick=False, command="python -m bench.operator")
     section = report.section("operator", "Operator: topics reconciled by one replica")
     _record(section, result)

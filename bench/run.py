@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import bench
+from bench._scratch import scratch_root
 from bench.report import Report
 
 _NOT_BENCHMARKS = {"run", "report", "quick_broker"}
@@ -89,11 +90,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "bench.run", *(argv or sys.argv[1:])])
     report = Report(quick=args.quick, command=command, out_dir=args.out)
     ok = True
-    for name in names:
-        fn = load(name)
-        if fn is None:
-            continue
-        ok = run_one(name, fn, report, args.quick) and ok
+    with scratch_root():
+        for name in names:
+            fn = load(name)
+            if fn is None:
+                continue
+            ok = run_one(name, fn, report, args.quick) and ok
     md, js = report.write(args.out)
     print(f"[bench] report: {md} and {js}", flush=True)
     return 0 if ok else 1
