@@ -368,8 +368,12 @@ def choose_shed(
     cold = min(sorted(loads), key=lambda b: loads[b])
     if loads[hot] < policy.min_rate or loads[hot] <= mean * (1 + policy.margin):
         return None
-    gap = loads[hot] - loads[cold]
-    movable = [s for s in segments if s.broker == hot and 0 < s.rate < gap]
+    # The destination's load after the move, compared as it will be computed: ``rate < hot -
+    # cold`` can hold in floating point while ``cold + rate == hot`` (a move that narrows
+    # nothing).
+    movable = [
+        s for s in segments if s.broker == hot and s.rate > 0 and loads[cold] + s.rate < loads[hot]
+    ]
     if not movable:
         return None
     chosen = max(sorted(movable, key=lambda s: s.key), key=lambda s: s.rate)
