@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +91,26 @@ def runqueue_seconds(pid: int) -> float:
         except (FileNotFoundError, IndexError, ValueError):
             continue
     return total / 1e9
+
+
+def cpu_by_role(roles: Mapping[str, str]) -> dict[str, float]:
+    """CPU seconds (user + system) of the live processes, summed by role: the first role whose
+    text occurs in the process's command line (processes of no role are left out). Two calls
+    make a delta of where the machine's cores went, as long as the processes of each role live
+    through both."""
+    totals: dict[str, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            seconds = cpu_seconds(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        role = next((name for name, text in roles.items() if text in cmdline), None)
+        if role is not None:
+            totals[role] = totals.get(role, 0.0) + seconds
+    return totals
 
 
 def memory_kb(pid: int, field: str = "VmRSS") -> int:

@@ -35,6 +35,7 @@ from typing import Any
 
 import aiohttp
 
+from bench._procs import cpu_by_role
 from bench._scratch import scratch_root
 from bench.report import Report, Section
 
@@ -53,6 +54,17 @@ LEASE_ARGS = {
 """The operator's own Lease timings (its defaults, as in the base manifests) instead of the
 local overlay's 6/4/1 s, which make fail-over tests fast: at 10,000 topics on two cores the API
 server answers a renewal in seconds, and losing the Lease restarts every topic's work."""
+CPU_ROLES = {
+    "kube-apiserver": "kube-apiserver",
+    "etcd": "etcd ",
+    "operator": "scalable_topics.controller",
+    "brokers": "segment_broker",
+    "kube-controller-manager": "kube-controller-manager",
+    "kube-scheduler": "kube-scheduler",
+    "bench (creates, watch, kubelet)": "bench.",
+}
+"""Where the cores go while the topics become Ready: the role of a process is the first whose
+text its command line contains (``_procs.cpu_by_role``)."""
 RESYNC_SECONDS = 30.0
 """``--resync-interval`` of the local overlay's operator."""
 
@@ -166,6 +178,8 @@ async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
                             all_ready.set()
                             return
 
+            cpu_before = cpu_by_role(CPU_ROLES)
+            requests_before = await _api_requests(kubectl, cluster.kubeconfig)
             timeline: list[tuple[float, int]] = []
             """(seconds since the first create, topics Ready) at every tenth of the topics."""
             started = time.monotonic()
@@ -196,6 +210,17 @@ async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
                 watcher.cancel()
                 await asyncio.gather(watcher, return_exceptions=True)
             result["ready_seconds"] = time.monotonic() - started
+            cpu_after = cpu_by_role(CPU_ROLES)
+            requests_after = await _api_requests(kubectl, cluster.kubeconfig)
+            result["api_requests"] = {
+                key: count
+                for key, count in sorted((requests_after - requests_before).items())
+                if count
+            }
+            result["cpu_seconds"] = {
+                role: round(cpu_after.get(role, 0.0) - cpu_before.get(role, 0.0), 1)
+                for role in CPU_ROLES
+            }
             result["ready_timeline"] = timeline
             items, _ = await api.list(topics_res, TOPIC_NAMESPACE)
             assert sum(1 for t in items if _ready(t)) == topics
@@ -217,6 +242,25 @@ async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
         finally:
             await api.close()
     return result
+
+
+async def _api_requests(kubectl: Path, kubeconfig: Path) -> Counter[str]:
+    """Requests the API server has served, by verb and resource (its own
+    ``apiserver_request_total``), as ``"VERB resource[/subresource]"``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = await _kubectl(kubectl, kubeconfig, "get", "--raw", "/metrics")
+    counts: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name != "apiserver_request_total":
+                continue
+            labels = sample.labels
+            resource = labels.get("resource", "")
+            if labels.get("subresource"):
+                resource += "/" + labels["subresource"]
+            counts[f"{labels.get('verb', '')} {resource}"] += int(sample.value)
+    return counts
 
 
 async def _count_writes(api: Any, window: float) -> tuple[Counter[str], int]:
@@ -294,6 +338,30 @@ def _record(section: Section, r: dict[str, Any]) -> None:
         [[k, v, round(v / hours)] for k, v in sorted(writes.items())]
         + [["all (resourceVersion delta)", r["writes_total"], round(r["writes_total"] / hours)]],
     )
+    if r.get("cpu_seconds"):
+        cpu = r["cpu_seconds"]
+        section.table(
+            f"CPU while {topics} topics became Ready ({r['ready_seconds']:.0f} s, "
+            f"{os.cpu_count()} cores)",
+            ["process", "CPU seconds", "cores on average"],
+            [[role, s, round(s / r["ready_seconds"], 2)] for role, s in cpu.items() if s]
+            + [
+                [
+                    "all",
+                    round(sum(cpu.values()), 1),
+                    round(sum(cpu.values()) / r["ready_seconds"], 2),
+                ]
+            ],
+        )
+    if r.get("api_requests"):
+        rows = sorted(r["api_requests"].items(), key=lambda kv: -kv[1])
+        section.table(
+            f"API requests while {topics} topics became Ready (the API server's "
+            "apiserver_request_total), most first",
+            ["request", "count", "per topic"],
+            [[key, n, round(n / topics, 2)] for key, n in rows if n >= topics / 20]
+            + [["all", sum(n for _, n in rows), round(sum(n for _, n in rows) / topics, 2)]],
+        )
     if r.get("ready_timeline"):
         section.note(
             "Topics Ready over time (s since the first create): "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import re
 import time
@@ -32,6 +33,7 @@ from .operator_harness import (
     OPERATOR_SERVICE_ACCOUNT,
     REPO,
     SEGMENTS,
+    TOPICS,
     JsonObj,
     Stack,
     condition_of,
@@ -310,6 +312,76 @@ async def test_new_topics_do_not_list_the_namespaces_segments(stack: Stack) -> N
     for name in names:
         await stack.wait_ready(name)
     assert await _segment_lists_by_namespace(stack) == before
+
+
+async def test_a_new_topic_is_two_status_writes(stack: Stack) -> None:
+    """A new topic's status is written twice: its first layout (before any Segment exists,
+    which the lost-status rule needs), then Ready, which already carries the consumer hub's
+    subscription entries and the auto-scaler's first evaluation. The hub's restore and the
+    evaluation that follow find them there and write nothing (issue 17: each was one more
+    topic status write, the costliest request of a new topic at the API server)."""
+    name = "two-writes"
+    _, since = await stack.api.list(TOPICS, "default")
+    body = topic_body(
+        name,
+        segments=2,
+        subscriptions=[{"name": "billing", "type": "Stream"}, {"name": "jobs", "type": "Queue"}],
+    )
+    seen: list[JsonObj] = []
+    marked = asyncio.Event()
+
+    async def watch() -> None:
+        async for etype, obj in stack.api.watch(
+            TOPICS, since, field_selector=f"metadata.name={name}"
+        ):
+            if etype in ("ADDED", "MODIFIED"):
+                seen.append(obj)
+                if (obj["metadata"].get("annotations") or {}).get("test/marker") == "1":
+                    marked.set()
+                    return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await stack.api.create(TOPICS, "default", body)
+        topic = await stack.wait_ready(name)
+        controller_url = topic["status"]["controller"]["url"]
+        idle = (
+            "scalable_topic_autoscale_evaluations_total",
+            (("namespace", "default"), ("result", "Idle"), ("topic", name)),
+        )
+
+        async def evaluated() -> bool:
+            return (await metric_samples(controller_url)).get(idle, 0.0) >= 1
+
+        await eventually(evaluated, 60, f"{name}: the auto-scaler's first evaluation")
+        # Watch events come in resourceVersion order: every write made before this one is
+        # seen before it.
+        await stack.api.patch(
+            TOPICS, "default", name, {"metadata": {"annotations": {"test/marker": "1"}}}
+        )
+        await asyncio.wait_for(marked.wait(), 30)
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+
+    statuses: list[JsonObj] = [obj.get("status") or {} for obj in seen]
+    changes = [s for before, s in itertools.pairwise(statuses) if s != before]
+    assert len(changes) == 2, [sorted(s) for s in changes]
+    first, ready = changes
+    assert first.get("layout") and not first.get("subscriptions")
+    assert (condition_of({"status": ready}, "Ready") or {}).get("status") == "True"
+    entries = {e["name"]: e for e in ready["subscriptions"]}
+    assert entries == {
+        "billing": {
+            "name": "billing",
+            "type": "Stream",
+            "layoutEpoch": 0,
+            "consumers": [],
+            "drainedSegments": [],
+        },
+        "jobs": {**entries["jobs"], "name": "jobs", "type": "Queue"},
+    }
+    assert ready["autoScale"]["lastEvaluation"]["result"] == "Idle"
 
 
 async def test_initial_segments_above_the_namespace_max_builds_nothing(stack: Stack) -> None:

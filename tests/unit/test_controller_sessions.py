@@ -15,6 +15,7 @@ from aiohttp import ClientWebSocketResponse, WSMsgType, web
 from aiohttp.test_utils import TestClient, TestServer
 
 from scalable_topics.controller.consumers import ConsumerHub
+from scalable_topics.controller.consumers.state import subscription_entry
 from scalable_topics.controller.sessions import make_app
 from scalable_topics.core.assignment import SubscriptionCoordinator
 from scalable_topics.core.buckets import bucket_boundaries
@@ -717,3 +718,39 @@ async def test_restore_writes_back_a_status_behind_the_layout(replicas: list[Rep
         3: False,
     }
     await c1.close()
+
+
+async def test_initial_entries_are_what_restore_writes_and_then_it_writes_nothing(
+    replicas: list[Replica],
+) -> None:
+    """A new topic's Ready write carries ``initial_entries``; the restore that follows must
+    find exactly what it would have persisted (else it writes again, or serves a different
+    state than a hub without them). A split layout: its sealed parent counts as drained for a
+    new Stream subscription and not for a Queue one."""
+    split = SegmentLayout.initial(2).split(0)
+    kwargs: dict[str, Any] = {
+        "grace_period": 30.0,
+        "strategies": {SUB: "sticky"},
+        "queues": ["jobs"],
+    }
+    plain = await start_replica(segments=2, restore=False)
+    folded = await start_replica(segments=2, restore=False)
+    replicas.extend([plain, folded])
+    for replica in (plain, folded):
+        replica.dags.publish_layout(NS, TOPIC, split)
+
+    plain.hub.restore(NS, TOPIC, split, [], **kwargs)
+    await wait_for(lambda: len(plain.persisted) == 2)
+    persisted = {sub: subscription_entry(sub, status) for _, _, sub, status in plain.persisted}
+
+    entries = folded.hub.initial_entries(NS, TOPIC, split, [], **kwargs)
+    assert entries == [persisted[name] for name in sorted(persisted)]
+    assert entries[0]["name"] == SUB and entries[0]["drainedSegments"] == [0]
+    assert entries[1]["name"] == "jobs" and entries[1]["type"] == "Queue"
+    folded.hub.restore(NS, TOPIC, split, entries, **kwargs)
+    assert folded.coordinator().to_status() == plain.coordinator().to_status()
+    # A write would be started by restore itself (a task): one loop turn shows it.
+    await asyncio.sleep(0)
+    assert folded.persisted == []
+    # A served topic's entries are the hub's own to write.
+    assert folded.hub.initial_entries(NS, TOPIC, split, [], **kwargs) == []

@@ -594,3 +594,19 @@ def test_a_decision_replaces_the_last_one() -> None:
         "future": 1,
     }, "what the model does not know of the old decision stays (the API server prunes it)"
     assert out["autoScale"]["mode"] == "auto"
+
+
+def test_new_subscription_entries_fill_only_the_missing_ones_sorted() -> None:
+    live = {"name": "m", "type": "Stream", "layoutEpoch": 3, "consumers": []}
+    live["drainedSegments"] = [1]
+    raw = {"subscriptions": [live]}
+    entries = [
+        {"name": "z", "type": "Queue", "layoutEpoch": 0, "consumers": [], "drainedSegments": []},
+        {"name": "m", "type": "Stream", "layoutEpoch": 0, "consumers": [], "drainedSegments": []},
+        {"name": "a", "type": "Stream", "layoutEpoch": 0, "consumers": [], "drainedSegments": []},
+    ]
+    out = written(raw, lambda s: ts.with_new_subscriptions(s, entries))
+    assert [e["name"] for e in out["subscriptions"]] == ["a", "m", "z"]
+    assert out["subscriptions"][1] == live  # the hub's entry is newer: kept as written
+    assert written(out, lambda s: ts.with_new_subscriptions(s, entries)) == out
+    _status_ok(out)

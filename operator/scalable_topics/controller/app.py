@@ -21,7 +21,7 @@ from aiohttp import web
 
 from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
-from ..core.policy import DEFAULT_POLICY, AutoScalePolicy, ClusterDefaults
+from ..core.policy import DEFAULT_POLICY, AutoScalePolicy, ClusterDefaults, Resolution
 from ..core.resources import (
     GROUP,
     LABEL_TOPIC,
@@ -29,6 +29,7 @@ from ..core.resources import (
     TOPIC_PLURAL,
     VERSION,
     ConditionType,
+    ScalableTopicSpec,
     SubscriptionType,
     get_condition,
     parse_time,
@@ -44,13 +45,14 @@ from .brokers import BrokerAdmin
 from .cache import TopicCache, layout_of, recorded_broker
 from .clusterdefaults import ClusterDefaultsWatch
 from .consumers import ConsumerHub
+from .consumers.state import subscription_entry
 from .corruption import corruption_changed
 from .health import DEFAULT_LEASE_TOLERANCE, DEFAULT_STALL, LivenessRule, QueueProgress
 from .kube import KubeApi
 from .leadership import ShardLeadership
 from .leases import ElectionTimings
 from .protocol import OperationExecutor
-from .reconciler import TopicReconciler, kube_events
+from .reconciler import NewTopicStatus, TopicReconciler, kube_events
 from .sessions import make_app
 from .status import TopicGone, update_topic_status
 from .workqueue import WorkQueue
@@ -143,6 +145,20 @@ class LedOperations:
         return found
 
 
+def _served_subscriptions(spec: ScalableTopicSpec) -> dict[str, Any]:
+    """The consumer hub's view of a spec's subscriptions: each Stream one's assignment strategy,
+    the Queue ones' names, and the grace period (``ConsumerHub.restore``'s keywords)."""
+    return {
+        "grace_period": spec.consumer_grace_period,
+        "strategies": {
+            s.name: s.assignment.value
+            for s in spec.subscriptions
+            if s.type is SubscriptionType.STREAM
+        },
+        "queues": [s.name for s in spec.subscriptions if s.type is SubscriptionType.QUEUE],
+    }
+
+
 class Controller:
     """One replica. ``run()`` serves until ``stop()``."""
 
@@ -219,6 +235,7 @@ class Controller:
             on_drained=self.hub.segment_drained,
             requeue_after=self.queue.add_after,
             shed_policy=s.shedding,
+            new_topic_status=self._new_topic_status,
         )
         self.cluster_defaults = ClusterDefaultsWatch(
             kube, s.namespace, on_change=self._cluster_defaults_changed, events=self._event
@@ -277,10 +294,7 @@ class Controller:
             entries = [
                 e for e in status.get("subscriptions") or [] if e.get("name") != subscription
             ]
-            # A queue coordinator's status carries "type": "Queue" and overrides the default.
-            entries.append(
-                {"name": subscription, "type": SubscriptionType.STREAM.value, **coordinator_status}
-            )
+            entries.append(subscription_entry(subscription, coordinator_status))
             status["subscriptions"] = sorted(entries, key=lambda e: str(e.get("name")))
 
         assert self.kube is not None
@@ -322,14 +336,31 @@ class Controller:
             name,
             layout,
             (topic.get("status") or {}).get("subscriptions") or [],
-            grace_period=spec.consumer_grace_period,
-            strategies={
-                s.name: s.assignment.value
-                for s in spec.subscriptions
-                if s.type is SubscriptionType.STREAM
-            },
-            queues=[s.name for s in spec.subscriptions if s.type is SubscriptionType.QUEUE],
+            **_served_subscriptions(spec),
         )
+
+    def _new_topic_status(
+        self,
+        topic: JsonObj,
+        layout: SegmentLayout,
+        spec: ScalableTopicSpec,
+        resolution: Resolution | None,
+    ) -> NewTopicStatus:
+        """What a new topic's Ready write carries besides the reconciler's own: the consumer
+        hub's first subscription entries and the auto-scaler's first evaluation, which would
+        otherwise be two more topic status writes each (docs/operator.md, "Measurements")."""
+        meta = topic["metadata"]
+        entries = self.hub.initial_entries(
+            meta["namespace"],
+            meta["name"],
+            layout,
+            (topic.get("status") or {}).get("subscriptions") or [],
+            **_served_subscriptions(spec),
+        )
+        outcome = None
+        if resolution is not None and self.autoscaler is not None:
+            outcome = self.autoscaler.first_outcome(topic, layout, resolution)
+        return NewTopicStatus(entries, outcome)
 
     async def _lost(self, shard: int) -> None:
         def in_shard(key: Key) -> bool:

@@ -14,12 +14,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..core.buckets import DEFAULT_BUCKET_BUDGET
 from ..core.evaluator import LoadSample, Merge, Rebucket, Split, Suppression, decide_explained
 from ..core.jsontypes import JsonObj
-from ..core.policy import ClusterMode
+from ..core.layout import SegmentLayout
+from ..core.policy import ClusterMode, Resolution
 from ..core.recommendation import accept
 from ..core.resources import AutoScaleDecision, ScalableTopicStatus, format_time, parse_time
 from ..core.topicstatus import with_decision, with_evaluation
@@ -72,6 +74,20 @@ def _time(status: Mapping[str, Any], field: str) -> float | None:
         return parse_time(str(value)) if value else None
     except ValueError:
         return None
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """An evaluation's decision: ``quiet``, the outcome to record when nothing is to be done;
+    else ``action`` and its ``source`` (``"recommendation"`` or ``"auto"``). ``suppressed``: the
+    evaluator's suppressions (one count each); ``recommendation``: whether the status's
+    recommendation was accepted (``None``: there was none)."""
+
+    quiet: Outcome | None
+    suppressed: tuple[Suppression, ...]
+    action: Split | Merge | Rebucket | None = None
+    source: str = "auto"
+    recommendation: bool | None = None
 
 
 class AutoScaler:
@@ -203,24 +219,28 @@ class AutoScaler:
             after_release(), name=f"autoscale-deferred-{key[0]}/{key[1]}"
         )
 
-    async def _evaluate(self, namespace: str, name: str) -> str | None:
-        key = (namespace, name)
-        topic = self.cache.topics.get(key)
-        resolution = self.policies.get(key)
-        if topic is None or resolution is None:
-            return None
+    def first_outcome(
+        self, topic: JsonObj, layout: SegmentLayout, resolution: Resolution
+    ) -> Outcome | None:
+        """What the first evaluation of a new topic would record when it calls for no action
+        (``None`` when it would act): the reconcile pass that makes the topic Ready writes it
+        with that status, and the evaluation that follows finds it there and writes nothing
+        (one topic status write less per new topic). Counts nothing: the evaluation does."""
+        return self._decide(topic, layout, resolution, self.clock()).quiet
+
+    def _decide(
+        self, topic: JsonObj, layout: SegmentLayout, resolution: Resolution, now: float
+    ) -> _Verdict:
+        """The evaluation's decision, without effects (no write, event or metric)."""
+        meta = topic["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
         policy = resolution.policy
         status = topic.get("status") or {}
-        layout = layout_of(topic)
-        if layout is None or status.get("operation"):
-            return None
-        now = self.clock()
         if resolution.mode is ClusterMode.OFF:
-            metrics.AUTOSCALE_SUPPRESSED.labels(namespace, name, Suppression.MODE_OFF.value).inc()
             off = suppression_message((Suppression.MODE_OFF,), resolution)
-            await self._record(topic, Outcome(OFF, (Suppression.MODE_OFF.value,), off), now)
-            self._recommended.pop(key, None)
-            return None
+            return _Verdict(
+                Outcome(OFF, (Suppression.MODE_OFF.value,), off), (Suppression.MODE_OFF,)
+            )
         last_split = _time(status, "lastSplitAt")
         last_merge = _time(status, "lastMergeAt")
         buckets = self.cache.segment_buckets(namespace, name)
@@ -235,48 +255,63 @@ class AutoScaler:
             buckets=buckets,
             bucket_max=resolution.bucket_max,
         )
-        action = verdict.action
-        source = "recommendation"
-        if status.get("recommendation"):
+        recommendation = None if not status.get("recommendation") else verdict.action is not None
+        if verdict.action is not None:
+            return _Verdict(None, (), verdict.action, "recommendation", recommendation)
+        decision = decide_explained(
+            layout,
+            load_samples(self.cache.segments.get((namespace, name), {})),
+            self.stream_consumers(namespace, name),
+            policy,
+            now,
+            last_split,
+            last_merge,
+            buckets=buckets,
+            bucket_max=resolution.bucket_max,
+            bucket_budget=int(
+                (topic.get("spec") or {}).get("entryBuckets") or DEFAULT_BUCKET_BUDGET
+            ),
+        )
+        suppressed = tuple(decision.suppressed)
+        if decision.action is not None:
+            return _Verdict(None, suppressed, decision.action, "auto", recommendation)
+        reasons = tuple(dict.fromkeys(decision.suppressed))
+        if Suppression.DISABLED in reasons:
+            result = OFF
+        elif reasons:
+            result = SUPPRESSED
+        else:
+            result = IDLE
+        message = suppression_message(reasons, resolution) or (
+            "nothing called for: no segment above a split threshold, no cold adjacent "
+            "pair, no stream consumers beyond the segments"
+        )
+        quiet = Outcome(result, tuple(r.value for r in reasons), message)
+        return _Verdict(quiet, suppressed, None, "auto", recommendation)
+
+    async def _evaluate(self, namespace: str, name: str) -> str | None:
+        key = (namespace, name)
+        topic = self.cache.topics.get(key)
+        resolution = self.policies.get(key)
+        if topic is None or resolution is None:
+            return None
+        layout = layout_of(topic)
+        if layout is None or (topic.get("status") or {}).get("operation"):
+            return None
+        now = self.clock()
+        decided_by = self._decide(topic, layout, resolution, now)
+        if decided_by.recommendation is not None:
             metrics.RECOMMENDATIONS.labels(
-                namespace, name, "accepted" if action else "ignored"
+                namespace, name, "accepted" if decided_by.recommendation else "ignored"
             ).inc()
-        if action is None:
-            decision = decide_explained(
-                layout,
-                load_samples(self.cache.segments.get(key, {})),
-                self.stream_consumers(namespace, name),
-                policy,
-                now,
-                last_split,
-                last_merge,
-                buckets=buckets,
-                bucket_max=resolution.bucket_max,
-                bucket_budget=int(
-                    (topic.get("spec") or {}).get("entryBuckets") or DEFAULT_BUCKET_BUDGET
-                ),
-            )
-            for suppression in decision.suppressed:
-                metrics.AUTOSCALE_SUPPRESSED.labels(namespace, name, suppression.value).inc()
-            action = decision.action
-            source = "auto"
-            if action is None:
-                reasons = tuple(dict.fromkeys(decision.suppressed))
-                if Suppression.DISABLED in reasons:
-                    result = OFF
-                elif reasons:
-                    result = SUPPRESSED
-                else:
-                    result = IDLE
-                message = suppression_message(reasons, resolution) or (
-                    "nothing called for: no segment above a split threshold, no cold adjacent "
-                    "pair, no stream consumers beyond the segments"
-                )
-                await self._record(
-                    topic, Outcome(result, tuple(r.value for r in reasons), message), now
-                )
-                self._recommended.pop(key, None)
-                return None
+        for suppression in decided_by.suppressed:
+            metrics.AUTOSCALE_SUPPRESSED.labels(namespace, name, suppression.value).inc()
+        if decided_by.quiet is not None:
+            await self._record(topic, decided_by.quiet, now)
+            self._recommended.pop(key, None)
+            return None
+        action, source = decided_by.action, decided_by.source
+        assert action is not None
         if isinstance(action, Split):
             op, segments, at, n = "split", [action.segment_id], action.at, None
         elif isinstance(action, Merge):

@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..core.jsontypes import JsonObj
@@ -46,11 +47,14 @@ from ..core.topicstatus import (
     read_status,
     reconciled,
     restore_layout,
+    with_evaluation,
     with_layout,
+    with_new_subscriptions,
     with_policy,
 )
 from ..core.transfer import ShedPolicy
 from . import metrics
+from .autoscalestatus import Outcome
 from .brokers import BrokerAdmin
 from .cache import TopicCache, layout_of
 from .corruption import corrupted_segments
@@ -79,6 +83,22 @@ Key = tuple[str, str]
 
 
 COMPONENT = "scalable-topics-operator"
+
+
+@dataclass(frozen=True)
+class NewTopicStatus:
+    """What other writers would write into a new topic's status right after it is Ready, given
+    to the reconcile pass that makes it Ready so that it is one write (``new_topic_status``):
+    the consumer hub's first ``subscriptions`` entries and the auto-scaler's first evaluation
+    (``None`` when that evaluation would act: the auto-scaler does that itself)."""
+
+    subscriptions: list[dict[str, Any]]
+    evaluation: Outcome | None
+
+
+NewTopicStatusFn = Callable[
+    [JsonObj, SegmentLayout, ScalableTopicSpec, Resolution | None], NewTopicStatus
+]
 
 
 def kube_events(kube: KubeApi) -> EventSink:
@@ -118,6 +138,7 @@ class TopicReconciler:
         on_deleted: Callable[[str, str], None] | None = None,
         on_reconciled: Callable[[str, str, JsonObj], None] | None = None,
         requeue_after: Callable[[Key, float], None] | None = None,
+        new_topic_status: NewTopicStatusFn | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.kube = kube
@@ -142,6 +163,8 @@ class TopicReconciler:
         """Called with (namespace, topic, object) after each pass: the consumer hub serves it."""
         self.requeue_after = requeue_after
         """Asks for another pass of a topic in that many seconds (a retention deadline)."""
+        self.new_topic_status = new_topic_status
+        """What the pass that makes a new topic Ready writes for the other writers."""
         self.clock = clock
         self.cluster = ClusterDefaults()
         """The cluster-wide level (the ConfigMap the operator watches, ``clusterdefaults``)."""
@@ -167,6 +190,7 @@ class TopicReconciler:
         on_drained: Callable[[str, str, str, int], None] | None = None,
         requeue_after: Callable[[Key, float], None] | None = None,
         shed_policy: ShedPolicy | None = None,
+        new_topic_status: NewTopicStatusFn | None = None,
         clock: Callable[[], float] = time.time,
     ) -> TopicReconciler:
         """A reconciler with its collaborators built for it. ``on_drained`` gets (namespace,
@@ -200,6 +224,7 @@ class TopicReconciler:
             on_deleted=on_deleted,
             on_reconciled=on_reconciled,
             requeue_after=requeue_after,
+            new_topic_status=new_topic_status,
             clock=clock,
         )
 
@@ -357,7 +382,10 @@ class TopicReconciler:
             problem
         )
         previous = read_status(topic.get("status")).condition(ConditionType.READY)
-        topic = await self._write_status(topic, layout, problem)
+        extra = None
+        if fresh and self.new_topic_status is not None:
+            extra = self.new_topic_status(topic, layout, spec, resolution)
+        topic = await self._write_status(topic, layout, problem, extra)
         metrics.observe_layout(namespace, name, layout_of(topic) or layout)
         if problem and (
             not previous or previous.reason != problem[0] or previous.message != problem[1]
@@ -524,10 +552,15 @@ class TopicReconciler:
             await self.events(topic, "Warning", reason, message)
 
     async def _write_status(
-        self, topic: JsonObj, layout: SegmentLayout, problem: tuple[str, str] | None = None
+        self,
+        topic: JsonObj,
+        layout: SegmentLayout,
+        problem: tuple[str, str] | None = None,
+        new_topic: NewTopicStatus | None = None,
     ) -> JsonObj:
         """The level-based status; ``problem`` (reason, message) is a spec error that needs a
-        human: Ready=False and Stalled=True with it, everything else as usual."""
+        human: Ready=False and Stalled=True with it, everything else as usual. ``new_topic``:
+        what the other writers would write next into a topic this pass created."""
         meta = topic["metadata"]
         ns, name = meta["namespace"], meta["name"]
         generation = meta.get("generation")
@@ -546,7 +579,16 @@ class TopicReconciler:
                 leftovers=leftovers,
                 problem=problem,
             )
-            return status if policy is None else with_policy(status, *policy)
+            if policy is not None:
+                status = with_policy(status, *policy)
+            if new_topic is not None:
+                status = with_new_subscriptions(status, new_topic.subscriptions)
+                if new_topic.evaluation is not None:
+                    outcome = new_topic.evaluation
+                    status = with_evaluation(
+                        status, outcome.result, outcome.reasons, outcome.message, now
+                    )
+            return status
 
         return await change_topic_status(self.kube, ns, name, change, topic=topic)
 

@@ -503,6 +503,20 @@ def restore_layout(
     return Restored(status, resumed, unrun)
 
 
+def with_new_subscriptions(
+    status: ScalableTopicStatus, entries: Sequence[Mapping[str, Any]]
+) -> ScalableTopicStatus:
+    """``entries`` added to ``status.subscriptions`` for the subscriptions it has no entry of
+    (an entry there is newer: the consumer hub wrote it), the list kept sorted by name as the
+    hub writes it."""
+    have = {s.name for s in status.subscriptions}
+    added = [SubscriptionStatus.model_validate(e) for e in entries if e.get("name") not in have]
+    if not added:
+        return status
+    merged = sorted([*status.subscriptions, *added], key=lambda s: s.name)
+    return _update(status, subscriptions=merged)
+
+
 # -- auto-scale policy -------------------------------------------------------------------------
 
 

@@ -47,7 +47,7 @@ from .persistence import StatusPersister
 from .publishing import AssignmentPublisher
 from .registry import TopicRegistry
 from .sessions import ConsumerSessions
-from .state import _fields, _Topic
+from .state import _fields, _Topic, subscription_entry
 
 
 class ConsumerHub:
@@ -177,6 +177,32 @@ class ConsumerHub:
                 self._subscriptions.rebuild(state, current, strategy, now)
         if changed:
             self._counts.notify(state)
+
+    def initial_entries(
+        self,
+        namespace: str,
+        topic: str,
+        layout: SegmentLayout,
+        subscriptions_status: list[dict[str, Any]],
+        *,
+        grace_period: float,
+        strategies: Mapping[str, str],
+        queues: Collection[str],
+    ) -> list[dict[str, Any]]:
+        """The ``status.subscriptions`` entries :meth:`restore` (same arguments) would write
+        for a topic this hub does not serve yet: one per subscription of the spec without an
+        entry, as a new coordinator persists it. A new topic's Ready status carries them, so
+        the restore that follows finds them and writes nothing (one topic status write less
+        per new topic). Nothing for a served topic: there the hub's live state is newer."""
+        if self._registry.get(namespace, topic) is not None:
+            return []
+        have = {e.get("name") for e in subscriptions_status if isinstance(e, Mapping)}
+        state = _Topic(namespace, topic, layout, grace_period)
+        names = (set(queues) - set(strategies)) | set(strategies)
+        return [
+            subscription_entry(name, self._subscriptions.new_status(state, strategies.get(name)))
+            for name in sorted(names - have)
+        ]
 
     def layout_changed(self, namespace: str, topic: str, layout: SegmentLayout) -> None:
         """A split, merge, rebucket or prune committed ``layout``."""

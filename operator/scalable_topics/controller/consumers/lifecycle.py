@@ -60,6 +60,11 @@ class SubscriptionLifecycle:
         self._driver.arm(state, sub)
         return sub
 
+    def new_status(self, state: _Topic, strategy: str | None) -> dict[str, Any]:
+        """The status a new subscription's coordinator persists (what :meth:`add` writes for a
+        subscription without an entry)."""
+        return self._new_coordinator(state, strategy).to_status()
+
     def _new_coordinator(self, state: _Topic, strategy: str | None) -> Coordinator[Any]:
         """A new subscription's coordinator. A Stream subscription exists on no sealed segment
         (the operator creates cursors on active segments only), so they count as drained; a

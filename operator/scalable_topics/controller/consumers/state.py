@@ -13,6 +13,7 @@ from ...core.assignment import (
     QueueCoordinator,
 )
 from ...core.layout import SegmentLayout
+from ...core.subscriptions import SubscriptionType
 from .connection import ConsumerConnection
 
 
@@ -84,6 +85,12 @@ def _normalised(status: Mapping[str, Any]) -> dict[str, Any]:
         ),
         "drainedSegments": sorted(status.get("drainedSegments") or []),
     }
+
+
+def subscription_entry(name: str, coordinator_status: Mapping[str, Any]) -> dict[str, Any]:
+    """A subscription's ``status.subscriptions`` entry: its coordinator's status with its name
+    and type (``Stream`` unless the status says ``Queue``, as a queue coordinator's does)."""
+    return {"name": name, "type": SubscriptionType.STREAM.value, **coordinator_status}
 
 
 def _differs(entry: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
