@@ -16,7 +16,7 @@ from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
 from ..core.resources import LABEL_TOPIC
 from ..core.sessions import DagMessage, dag_message
-from ..core.transfer import DRAIN_ANNOTATION
+from ..core.transfer import DRAIN_ANNOTATION, SegmentRate
 from .brokers import BrokerPod
 
 Key = tuple[str, str]
@@ -111,6 +111,12 @@ class TopicCache:
         self._placed: dict[tuple[str, str, int], str] = {}
         """(namespace, topic, segment id) → broker pod of every segment that is not Sealed."""
         self._load: Counter[str] = Counter()
+        self._rated: dict[tuple[str, str, int], SegmentRate] = {}
+        """Every Active segment with a broker and a produce rate above zero: the only ones load
+        shedding weighs (a zero rate adds nothing to a broker's load and cannot be moved for
+        it), so an idle cluster of 20,000 segments costs its once-a-second decision nothing."""
+        self._transferring: set[tuple[str, str, int]] = set()
+        """Segments whose status has a transfer (a move runs: no load shedding meanwhile)."""
         self._deleted: dict[str, None] = {}
         """Uids of the last ``DELETED_KEPT`` Segments the watch saw deleted (oldest first)."""
 
@@ -127,6 +133,7 @@ class TopicCache:
         self.topics.pop(key, None)
         for sid in self.segments.pop(key, {}):
             self._place((namespace, name, sid), None)
+            self._index_rate((namespace, name, sid), None)
         self._fingerprints.pop(key, None)
         self._notify(key)
 
@@ -145,7 +152,32 @@ class TopicCache:
         pod = recorded_broker(body)
         sealed = (body.get("status") or {}).get("state") == "Sealed"
         self._place((key[0], key[1], sid), None if sealed else pod)
+        self._index_rate((key[0], key[1], sid), body)
         self._maybe_notify(key)
+
+    def _index_rate(self, segment: tuple[str, str, int], body: JsonObj | None) -> None:
+        status = (body or {}).get("status") or {}
+        if status.get("transfer"):
+            self._transferring.add(segment)
+        else:
+            self._transferring.discard(segment)
+        pod = recorded_broker(body) if body is not None else None
+        try:
+            rate = float((status.get("load") or {}).get("msgRateIn") or 0.0)
+        except (TypeError, ValueError):
+            rate = 0.0
+        if status.get("state") == "Active" and pod and rate > 0:
+            self._rated[segment] = SegmentRate(segment, pod, rate)
+        else:
+            self._rated.pop(segment, None)
+
+    def active_rates(self) -> list[SegmentRate] | None:
+        """The produce rate and broker of every Active segment with a rate above zero, for load
+        shedding; ``None`` while a segment has a transfer (one move at a time). Kept as Segments
+        come and go: the decision does not rescan every Segment."""
+        if self._transferring:
+            return None
+        return list(self._rated.values())
 
     def _place(self, segment: tuple[str, str, int], pod: str | None) -> None:
         before = self._placed.pop(segment, None)
@@ -173,6 +205,7 @@ class TopicCache:
             return  # already written again (a new uid) before this event came
         self.segments.get(key, {}).pop(sid, None)
         self._place((key[0], key[1], sid), None)
+        self._index_rate((key[0], key[1], sid), None)
         self._maybe_notify(key)
 
     def put_pod(self, body: JsonObj) -> None:

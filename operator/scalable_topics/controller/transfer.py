@@ -36,7 +36,6 @@ from ..core.transfer import (
     Action,
     BrokerView,
     Endpoint,
-    SegmentRate,
     ShedMove,
     ShedPolicy,
     Transfer,
@@ -298,7 +297,7 @@ class TransferExecutor:
         now = self._decision_clock()
         if self._shed_decision is not None and now - self._shed_decision[0] < SHED_DECISION_SECONDS:
             return self._shed_decision[1]
-        rates = self._segment_rates()
+        rates = self.cache.active_rates()
         move = None
         if rates is not None:
             eligible = sorted(
@@ -309,21 +308,6 @@ class TransferExecutor:
             )
         self._shed_decision = (now, move)
         return move
-
-    def _segment_rates(self) -> list[SegmentRate] | None:
-        """Every Active segment's produce rate and broker; None while a move runs (one move at
-        a time)."""
-        rates: list[SegmentRate] = []
-        for (ns, name), segments in self.cache.segments.items():
-            for sid, segment in segments.items():
-                status = segment.get("status") or {}
-                if status.get("transfer"):
-                    return None
-                pod = recorded_broker(segment)
-                if status.get("state") == "Active" and pod:
-                    rate = float((status.get("load") or {}).get("msgRateIn") or 0.0)
-                    rates.append(SegmentRate((ns, name, sid), pod, rate))
-        return rates
 
     # -- the loop -------------------------------------------------------------------------------
 
