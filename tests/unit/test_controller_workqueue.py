@@ -109,3 +109,50 @@ async def test_event_keys_go_before_resync_keys_and_an_event_promotes_a_waiting_
     await asyncio.wait_for(queue.wait_idle(), 2)
     await queue.stop()
     assert order == ["new", "resync-3", "urgent", "resync-0", "resync-1", "resync-2", "resync-4"]
+
+
+async def test_resync_keys_get_a_share_of_the_workers_while_event_keys_are_busy() -> None:
+    """With event keys waiting or in flight, at most ``periodic_share`` workers take resync
+    keys; once the events' work is done the resync has every worker."""
+    gate = asyncio.Event()
+    ten_done = asyncio.Event()
+    done = 0
+    running: set[str] = set()
+    most_resync_with_events = 0
+    most_resync_alone = 0
+
+    async def process(key: str) -> None:
+        nonlocal most_resync_with_events, most_resync_alone, done
+        running.add(key)
+        resync = sum(1 for k in running if k.startswith("resync"))
+        if any(k.startswith("event") for k in running):
+            most_resync_with_events = max(most_resync_with_events, resync)
+        else:
+            most_resync_alone = max(most_resync_alone, resync)
+        try:
+            if key.startswith("event"):
+                await gate.wait()
+            else:
+                await asyncio.sleep(0.01)
+                done += 1
+                if done == 10:
+                    ten_done.set()
+        finally:
+            running.discard(key)
+
+    queue: WorkQueue[str] = WorkQueue(process, workers=8, periodic_share=2)
+    for i in range(100):
+        queue.add_periodic(f"resync-{i}")
+    for i in range(3):
+        queue.add(f"event-{i}")
+    queue.start()
+    try:
+        await asyncio.wait_for(ten_done.wait(), 5)  # past the three blocked event keys
+        assert sum(1 for k in running if k.startswith("event")) == 3
+        assert most_resync_with_events == 2
+        gate.set()
+        await asyncio.wait_for(queue.wait_idle(), 5)
+    finally:
+        await queue.stop()
+    assert most_resync_with_events == 2
+    assert most_resync_alone > 2, "with no event work the resync has every worker"

@@ -145,6 +145,22 @@ class LedOperations:
         return found
 
 
+class _NoEssence(kopf.DiffBaseStorage):
+    """kopf's diff base for an operator of ``on.event`` handlers only: they detect no changes,
+    so kopf needs no essence of an object. Its default storage builds one for every watch event
+    all the same (a deep copy of the whole body, status included, then pruned), which was 7 % of
+    the operator's CPU while 4,000 topics were created."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 def _served_subscriptions(spec: ScalableTopicSpec) -> dict[str, Any]:
     """The consumer hub's view of a spec's subscriptions: each Stream one's assignment strategy,
     the Queue ones' names, and the grace period (``ConsumerHub.restore``'s keywords)."""
@@ -484,6 +500,7 @@ class Controller:
         settings.watching.client_timeout = 310
         settings.networking.request_timeout = 30
         settings.scanning.disabled = True
+        settings.persistence.diffbase_storage = _NoEssence()
         return settings
 
     # -- run -----------------------------------------------------------------------------------

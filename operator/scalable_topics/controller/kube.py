@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import aiohttp
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -295,6 +296,18 @@ class KubeApi:
             count=1,
         )
         try:
-            await self.core.create_namespaced_event(meta["namespace"], event)
-        except Exception:
-            log.warning("could not post event %s/%s: %s", reason, meta["name"], message)
+            # The created Event is not read: building its model from the answer cost more CPU
+            # than the request (3.5 % of the operator's while 4,000 topics were created).
+            response = cast(
+                aiohttp.ClientResponse,
+                await self.core.create_namespaced_event(
+                    meta["namespace"], event, _preload_content=False
+                ),
+            )
+            try:
+                if response.status >= 300:
+                    raise RuntimeError(f"{response.status}: {(await response.text())[:200]}")
+            finally:
+                response.release()
+        except Exception as exc:
+            log.warning("could not post event %s/%s: %s (%s)", reason, meta["name"], message, exc)

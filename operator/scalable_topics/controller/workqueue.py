@@ -8,6 +8,10 @@
   periodic resync (:meth:`WorkQueue.add_periodic`), and an event promotes a key waiting for its
   resync. A resync pass over 10,000 topics otherwise queued every new topic behind thousands
   of no-op reconciles; now a resync that cannot keep up only stretches its own period.
+- While keys added by events are waiting or being processed, at most ``periodic_share``
+  workers take resync keys: the others are free for the events' keys, and the resync's passes
+  (each a GET and a status comparison) do not take the machine's CPU from them. With nothing of
+  the events' to do, the resync has every worker.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class WorkQueue(Generic[K]):
         process: Callable[[K], Coroutine[Any, Any, None]],
         *,
         workers: int = 8,
+        periodic_share: int = 2,
         backoff: Backoff | None = None,
         name: str = "work",
         clock: Callable[[], float] = time.monotonic,
@@ -40,15 +45,20 @@ class WorkQueue(Generic[K]):
         self._clock = clock
         self._last_progress = clock()
         self._workers = workers
+        self._periodic_share = max(1, periodic_share)
         self._backoff = backoff or Backoff(0.5, 60.0, jitter=False)
         self._name = name
         self._urgent: deque[K] = deque()
         self._periodic: deque[K] = deque()
         self._queued: dict[K, bool] = {}
+        self._urgent_waiting = 0
+        """How many of the waiting keys are the events' (``True`` in ``_queued``)."""
         """Waiting keys → whether urgent (a key sits in one deque or both after a promotion;
         the entry that does not match this is skipped)."""
         self._available = asyncio.Event()
         self._processing: set[K] = set()
+        self._processing_periodic: set[K] = set()
+        """The keys being processed that a worker took from the resync's level."""
         self._dirty: set[K] = set()
         self._failures: dict[K, int] = {}
         self._delayed: dict[K, asyncio.TimerHandle] = {}
@@ -74,19 +84,40 @@ class WorkQueue(Generic[K]):
         timer = self._delayed.pop(key, None)
         if timer is not None:
             timer.cancel()
+        if urgent:
+            self._urgent_waiting += 1
         self._queued[key] = urgent
         (self._urgent if urgent else self._periodic).append(key)
         self._idle.clear()
         self._available.set()
 
-    async def _next(self) -> K:
+    def _take(self, urgent: bool) -> K | None:
+        level = self._urgent if urgent else self._periodic
+        while level:
+            key = level.popleft()
+            if self._queued.get(key) is urgent:
+                del self._queued[key]
+                if urgent:
+                    self._urgent_waiting -= 1
+                return key
+        return None
+
+    def _periodic_allowed(self) -> bool:
+        events_busy = (
+            len(self._processing) > len(self._processing_periodic) or self._urgent_waiting > 0
+        )
+        return not events_busy or len(self._processing_periodic) < self._periodic_share
+
+    async def _next(self) -> tuple[K, bool]:
+        """The next key and whether it came from the events' level."""
         while True:
-            for level, urgent in ((self._urgent, True), (self._periodic, False)):
-                while level:
-                    key = level.popleft()
-                    if self._queued.get(key) is urgent:
-                        del self._queued[key]
-                        return key
+            key = self._take(urgent=True)
+            if key is not None:
+                return key, True
+            if self._periodic_allowed():
+                key = self._take(urgent=False)
+                if key is not None:
+                    return key, False
             self._available.clear()
             await self._available.wait()
 
@@ -152,9 +183,11 @@ class WorkQueue(Generic[K]):
 
     async def _work(self) -> None:
         while True:
-            key = await self._next()
+            key, urgent = await self._next()
             self._last_progress = self._clock()
             self._processing.add(key)
+            if not urgent:
+                self._processing_periodic.add(key)
             task = asyncio.create_task(self._process(key))
             self._running[key] = task
             try:
@@ -184,6 +217,9 @@ class WorkQueue(Generic[K]):
             finally:
                 self._last_progress = self._clock()
                 self._running.pop(key, None)
+                self._processing_periodic.discard(key)
+                if self._periodic:
+                    self._available.set()  # a resync key may be allowed now
             if key in self._dirty:
                 self._dirty.discard(key)
                 self.add(key)
