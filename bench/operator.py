@@ -43,7 +43,9 @@ REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "scalable-topics"
 TOPIC_NAMESPACE = "bench"
 TARGET_TOPICS = 1000
-TARGET_SECONDS = 60.0
+TARGET_SECONDS = {1000: 60.0, 10000: 300.0}
+"""Seconds until every topic is Ready, per topic count that has a target (issue 17: 10,000 in
+five minutes); a run of another count reports its figures without one."""
 SEGMENTS_PER_TOPIC = 2
 RSS = "process_resident_memory_bytes"
 LEASE_ARGS = {
@@ -388,12 +390,12 @@ def _record(section: Section, r: dict[str, Any]) -> None:
     )
     if r["window_seconds"] < 2 * RESYNC_SECONDS:
         section.note("Quick mode: the window is shorter than a resync pass.")
-    if topics >= TARGET_TOPICS:
+    if topics in TARGET_SECONDS:
         section.target(
-            f"{TARGET_TOPICS} topics Ready with one operator",
-            r["ready_seconds"] <= TARGET_SECONDS,
+            f"{topics:,} topics Ready with one operator",
+            r["ready_seconds"] <= TARGET_SECONDS[topics],
             f"{r['ready_seconds']:.1f} s",
-            f"<= {TARGET_SECONDS:.0f} s",
+            f"<= {TARGET_SECONDS[topics]:.0f} s",
         )
 
 
