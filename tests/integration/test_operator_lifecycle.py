@@ -318,9 +318,8 @@ async def test_a_new_topic_is_two_status_writes(stack: Stack) -> None:
     """A new topic is written twice: its first layout (before any Segment exists, which the
     lost-status rule needs), then Ready, which already carries the consumer hub's subscription
     entries and the auto-scaler's first evaluation. The hub's restore and the evaluation that
-    follow find them there and write nothing, and the finalizer is added by the API server's
-    admission (issue 17: each was one more topic write, the costliest request of a new topic at
-    the API server)."""
+    follow find them there and write nothing (issue 17: each was one more topic status write,
+    the costliest request of a new topic at the API server)."""
     name = "two-writes"
     _, since = await stack.api.list(TOPICS, "default")
     body = topic_body(
@@ -365,14 +364,11 @@ async def test_a_new_topic_is_two_status_writes(stack: Stack) -> None:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
 
-    # The finalizer came with the create (manifests/components/finalizer-policy), so the
-    # operator made no metadata write: every event between the create and the marker is a
-    # status write.
-    assert "scalabletopics.io/finalizer" in seen[0]["metadata"]["finalizers"]
     statuses: list[JsonObj] = [obj.get("status") or {} for obj in seen[:-1]]
     changes = [s for before, s in itertools.pairwise(statuses) if s != before]
     assert len(changes) == 2, [sorted(s) for s in changes]
-    assert len(seen) == 1 + len(changes) + 1, [o["metadata"]["resourceVersion"] for o in seen]
+    # Besides them, the operator's finalizer patch, and nothing else.
+    assert len(seen) == 1 + 1 + len(changes) + 1, [o["metadata"]["resourceVersion"] for o in seen]
     first, ready = changes
     assert first.get("layout") and not first.get("subscriptions")
     assert (condition_of({"status": ready}, "Ready") or {}).get("status") == "True"
