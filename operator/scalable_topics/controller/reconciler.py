@@ -382,10 +382,10 @@ class TopicReconciler:
             problem
         )
         previous = read_status(topic.get("status")).condition(ConditionType.READY)
-        extra = None
+        new_topic = None
         if fresh and self.new_topic_status is not None:
-            extra = self.new_topic_status(topic, layout, spec, resolution)
-        topic = await self._write_status(topic, layout, problem, extra)
+            new_topic = self.new_topic_status(topic, layout, spec, resolution)
+        topic = await self._write_status(topic, layout, problem, new_topic)
         metrics.observe_layout(namespace, name, layout_of(topic) or layout)
         if problem and (
             not previous or previous.reason != problem[0] or previous.message != problem[1]
