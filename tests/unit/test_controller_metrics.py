@@ -4,6 +4,9 @@ and the broker's counters that exist before their first event."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from prometheus_client import REGISTRY
 
 from scalable_topics.controller import metrics
@@ -101,3 +104,45 @@ def test_fenced_handshake_outcomes_exist_before_the_first_one() -> None:
             "segment_broker_fenced_handshakes_total", {"outcome": outcome}
         )
         assert value == 0.0, outcome
+
+
+def test_forgetting_a_lost_shards_topics_collects_each_family_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lost shard's topics are forgotten in one pass per family: forgetting 10,000 topics one
+    by one collected every child of every family per topic (quadratic; it blocked the event
+    loop for minutes and the liveness probe killed the replica)."""
+    lost = [(NS, f"lost-{i}") for i in range(200)]
+    kept = (NS, "kept")
+    for namespace, name in [*lost, kept]:
+        metrics.observe_layout(namespace, name, SegmentLayout.initial(2))
+        metrics.AUTOSCALE_EVALUATIONS.labels(namespace, name, "Idle").inc()
+        metrics.OPERATIONS.labels(namespace, name, "split", "auto", "committed").inc()
+    collects = 0
+    real = metrics.AUTOSCALE_EVALUATIONS.collect
+
+    def counted() -> Any:
+        nonlocal collects
+        collects += 1
+        return real()
+
+    monkeypatch.setattr(metrics.AUTOSCALE_EVALUATIONS, "collect", counted)
+    try:
+        metrics.forget_topics(lost)
+        assert collects == 1
+        for namespace, name in lost:
+            labels = {"namespace": namespace, "topic": name}
+            assert _value("scalable_topic_active_segments", labels) is None
+            assert (
+                _value("scalable_topic_autoscale_evaluations_total", {**labels, "result": "Idle"})
+                is None
+            )
+        kept_labels = {"namespace": kept[0], "topic": kept[1]}
+        assert _value("scalable_topic_active_segments", kept_labels) == 2
+        assert (
+            _value("scalable_topic_autoscale_evaluations_total", {**kept_labels, "result": "Idle"})
+            == 1.0
+        )
+    finally:
+        monkeypatch.undo()
+        metrics.forget_topics([*lost, kept])

@@ -385,10 +385,10 @@ class Controller:
         cancelled = self.queue.cancel(in_shard)
         if self.autoscaler is not None:
             cancelled += self.autoscaler.cancel(in_shard)
-        for namespace, name in list(self.cache.topics):
-            if self.leadership.shard_of(namespace, name) == shard:
-                self.hub.forget_topic(namespace, name)
-                metrics.forget_topic(namespace, name)
+        lost = [key for key in self.cache.topics if in_shard(key)]
+        for namespace, name in lost:
+            self.hub.forget_topic(namespace, name)
+        metrics.forget_topics(lost)
         self.cache.notify_controller_changed()
         log.warning(
             "shard %d lost: cancelled %d reconcile(s) or operation(s) in progress", shard, cancelled

@@ -262,9 +262,21 @@ def forget_topic(namespace: str, topic: str) -> None:
     """Drop the per-topic series of a topic this replica no longer leads (deleted, or its
     shard's lease lost), so no stale series stays behind for the new leader to contradict (the
     new leader's counters start again at 0, which ``rate``/``increase`` take as a reset)."""
-    for metric in (ACTIVE_SEGMENTS, LAYOUT_EPOCH, *TOPIC_COUNTERS):
-        with contextlib.suppress(KeyError):
-            metric.remove(namespace, topic)
+    forget_topics([(namespace, topic)])
+
+
+def forget_topics(topics: Iterable[tuple[str, str]]) -> None:
+    """:func:`forget_topic` of many (namespace, topic) at once, with one pass over each
+    family's children: a lost shard of 10,000 topics forgotten one by one collected every child
+    of five families 10,000 times, which blocked the event loop for minutes and made the
+    liveness probe kill the replica (issue 17)."""
+    wanted = set(topics)
+    if not wanted:
+        return
+    for namespace, topic in wanted:
+        for metric in (ACTIVE_SEGMENTS, LAYOUT_EPOCH, *TOPIC_COUNTERS):
+            with contextlib.suppress(KeyError):
+                metric.remove(namespace, topic)
     for family in (
         OPERATIONS,
         AUTOSCALE_SUPPRESSED,
@@ -272,17 +284,17 @@ def forget_topic(namespace: str, topic: str) -> None:
         RECOMMENDATIONS,
         LAYOUT_REBUILDS,
     ):
-        _remove_matching(family, namespace, topic)
+        _remove_matching(family, wanted)
 
 
-def _remove_matching(metric: Counter, namespace: str, topic: str) -> None:
-    """Remove every child of ``metric`` (labelled namespace, topic, …) of this topic. Its
+def _remove_matching(metric: Counter, topics: set[tuple[str, str]]) -> None:
+    """Remove every child of ``metric`` (labelled namespace, topic, …) of these topics. Its
     samples carry the label values in the metric's label order, which ``remove`` takes."""
     children = {
         tuple(sample.labels.values())
         for family in metric.collect()
         for sample in family.samples
-        if sample.labels.get("namespace") == namespace and sample.labels.get("topic") == topic
+        if (sample.labels.get("namespace"), sample.labels.get("topic")) in topics
     }
     for values in children:
         with contextlib.suppress(KeyError):
