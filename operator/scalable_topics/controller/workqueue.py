@@ -51,10 +51,10 @@ class WorkQueue(Generic[K]):
         self._urgent: deque[K] = deque()
         self._periodic: deque[K] = deque()
         self._queued: dict[K, bool] = {}
-        self._urgent_waiting = 0
-        """How many of the waiting keys are the events' (``True`` in ``_queued``)."""
         """Waiting keys → whether urgent (a key sits in one deque or both after a promotion;
         the entry that does not match this is skipped)."""
+        self._urgent_waiting = 0
+        """How many of the waiting keys are the events' (``True`` in ``_queued``)."""
         self._available = asyncio.Event()
         self._processing: set[K] = set()
         self._processing_periodic: set[K] = set()
