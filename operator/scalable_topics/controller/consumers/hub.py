@@ -198,7 +198,7 @@ class ConsumerHub:
             return []
         have = {e.get("name") for e in subscriptions_status if isinstance(e, Mapping)}
         state = _Topic(namespace, topic, layout, grace_period)
-        names = (set(queues) - set(strategies)) | set(strategies)
+        names = set(queues) | set(strategies)
         return [
             subscription_entry(name, self._subscriptions.new_status(state, strategies.get(name)))
             for name in sorted(names - have)
