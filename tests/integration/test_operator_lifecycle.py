@@ -286,18 +286,22 @@ async def test_name_at_the_limit_becomes_ready(stack: Stack) -> None:
     await assert_consistent(stack, name)
 
 
-async def _segment_lists_by_namespace(stack: Stack) -> float:
-    """Namespace-scoped LISTs of Segments the API server has served (the operator's
-    label-selected listing of one topic's Segments; the recommender lists cluster-wide)."""
+async def _api_server_count(stack: Stack, name: str, **labels: str) -> float:
+    """The sum of the API server's own ``name`` samples whose labels include ``labels``."""
     text = (await stack.kubectl("get", "--raw", "/metrics")).stdout
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == "apiserver_request_total"
-        and sample.labels.get("resource") == "segments"
-        and sample.labels.get("verb") == "LIST"
-        and sample.labels.get("scope") == "namespace"
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+async def _segment_lists_by_namespace(stack: Stack) -> float:
+    """Namespace-scoped LISTs of Segments the API server has served (the operator's
+    label-selected listing of one topic's Segments; the recommender lists cluster-wide)."""
+    return await _api_server_count(
+        stack, "apiserver_request_total", resource="segments", verb="LIST", scope="namespace"
     )
 
 
@@ -387,14 +391,11 @@ async def test_a_new_topic_is_two_status_writes(stack: Stack) -> None:
 
 
 async def _leader_election_requests(stack: Stack) -> float:
-    text = (await stack.kubectl("get", "--raw", "/metrics")).stdout
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "apiserver_flowcontrol_dispatched_requests_total"
-        and sample.labels.get("flow_schema") == "scalable-topics-leader-election"
-        and sample.labels.get("priority_level") == "leader-election"
+    return await _api_server_count(
+        stack,
+        "apiserver_flowcontrol_dispatched_requests_total",
+        flow_schema="scalable-topics-leader-election",
+        priority_level="leader-election",
     )
 
 

@@ -133,7 +133,7 @@ class TopicCache:
         self.topics.pop(key, None)
         for sid in self.segments.pop(key, {}):
             self._place((namespace, name, sid), None)
-            self._index_rate((namespace, name, sid), None)
+            self._index_rate((namespace, name, sid), {}, None)
         self._fingerprints.pop(key, None)
         self._notify(key)
 
@@ -152,16 +152,15 @@ class TopicCache:
         pod = recorded_broker(body)
         sealed = (body.get("status") or {}).get("state") == "Sealed"
         self._place((key[0], key[1], sid), None if sealed else pod)
-        self._index_rate((key[0], key[1], sid), body)
+        self._index_rate((key[0], key[1], sid), body.get("status") or {}, pod)
         self._maybe_notify(key)
 
-    def _index_rate(self, segment: tuple[str, str, int], body: JsonObj | None) -> None:
-        status = (body or {}).get("status") or {}
+    def _index_rate(self, segment: tuple[str, str, int], status: JsonObj, pod: str | None) -> None:
+        """Index a Segment's ``status`` on broker ``pod`` (``{}`` and ``None``: it is gone)."""
         if status.get("transfer"):
             self._transferring.add(segment)
         else:
             self._transferring.discard(segment)
-        pod = recorded_broker(body) if body is not None else None
         try:
             rate = float((status.get("load") or {}).get("msgRateIn") or 0.0)
         except (TypeError, ValueError):
@@ -205,7 +204,7 @@ class TopicCache:
             return  # already written again (a new uid) before this event came
         self.segments.get(key, {}).pop(sid, None)
         self._place((key[0], key[1], sid), None)
-        self._index_rate((key[0], key[1], sid), None)
+        self._index_rate((key[0], key[1], sid), {}, None)
         self._maybe_notify(key)
 
     def put_pod(self, body: JsonObj) -> None:
