@@ -153,6 +153,19 @@ class KubeApi:
 
     # -- Segment -------------------------------------------------------------------------------
 
+    async def get_segment(self, namespace: str, name: str) -> JsonObj | None:
+        try:
+            return cast(
+                JsonObj,
+                await self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, SEGMENTS, name
+                ),
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     async def list_segments(self, namespace: str, topic: str) -> list[JsonObj]:
         result = await self.custom.list_namespaced_custom_object(
             GROUP,

@@ -53,6 +53,9 @@ from .status import change_topic_status
 
 log = logging.getLogger(__name__)
 
+MOVE_RECORD_ATTEMPTS = 5
+"""Reads of a Segment that changed under a manual move's record before the move is rejected."""
+
 TRANSFER_FAULT_POINTS = (
     "transfer-recorded",
     "transfer-fenced",
@@ -122,16 +125,34 @@ class TransferExecutor:
     # -- entry points --------------------------------------------------------------------------
 
     async def start(self, topic: JsonObj, request: ManualRequest) -> JsonObj:
-        """Record a manual move and drive it; :class:`MoveRejected` when it cannot start."""
+        """Record a manual move and drive it; :class:`MoveRejected` when it cannot start.
+
+        The record is a compare-and-swap on the Segment as the cache holds it, and a broker's
+        load report may have changed the Segment since: then the move is checked again on the
+        Segment as the API server has it, up to ``MOVE_RECORD_ATTEMPTS`` times, and rejected
+        only if the Segment keeps changing (or no longer allows the move)."""
+        assert request.to is not None
         meta = topic["metadata"]
         ns, name = meta["namespace"], meta["name"]
-        assert request.to is not None
         sid = request.segments[0]
         if (topic.get("status") or {}).get("operation"):
             raise MoveRejected("a split or merge is in flight; try again after it")
         segment = self.cache.segments.get((ns, name), {}).get(sid)
-        if segment is None:
-            raise MoveRejected(f"segment {sid} has no Segment resource")
+        for _ in range(MOVE_RECORD_ATTEMPTS):
+            if segment is None:
+                raise MoveRejected(f"segment {sid} has no Segment resource")
+            try:
+                return await self._start_on(topic, segment, request)
+            except Conflict:
+                segment = await self.kube.get_segment(ns, segment["metadata"]["name"])
+                if segment is not None:
+                    self.cache.put_segment(segment)
+        raise MoveRejected(f"segment {sid} kept changing while the move was recorded")
+
+    async def _start_on(self, topic: JsonObj, segment: JsonObj, request: ManualRequest) -> JsonObj:
+        """:meth:`start` on ``segment`` as read; :class:`Conflict` if it changed since."""
+        assert request.to is not None
+        sid = request.segments[0]
         status = segment.get("status") or {}
         if status.get("transfer"):
             current = Transfer.from_status(status["transfer"])
@@ -151,18 +172,15 @@ class TransferExecutor:
             raise MoveRejected(f"{request.to} is not a ready broker pod")
         if destination.cordoned:
             raise MoveRejected(f"{request.to} is draining (kubectl stopic uncordon {request.to})")
-        try:
-            return await self._begin(
-                topic,
-                segment,
-                Endpoint(source_pod, str(source_url)),
-                destination,
-                trigger="manual",
-                reason=f"request {request.id}",
-                request_id=request.id,
-            )
-        except Conflict:
-            raise MoveRejected(f"segment {sid} changed while the move was recorded") from None
+        return await self._begin(
+            topic,
+            segment,
+            Endpoint(source_pod, str(source_url)),
+            destination,
+            trigger="manual",
+            reason=f"request {request.id}",
+            request_id=request.id,
+        )
 
     async def _begin(
         self,

@@ -1,0 +1,146 @@
+"""A manual move is recorded with a compare-and-swap on the Segment as the leader's cache holds
+it. A broker's load report lands on the same Segment every few seconds, so the cached copy may
+be one write behind when ``kubectl stopic move`` arrives: the move is then checked again on the
+Segment as the API server has it, and rejected only if the Segment keeps changing or no longer
+allows the move (CI found ``stopic move`` rejected with "segment 1 changed while the move was
+recorded" right after a load report).
+
+``_Segments`` keeps the API server's rule for a status patch that carries a resourceVersion:
+409 unless it is the current one."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, cast
+
+import pytest
+
+from scalable_topics.controller.brokers import BrokerAdmin, BrokerPod
+from scalable_topics.controller.cache import TopicCache
+from scalable_topics.controller.kube import Conflict, KubeApi
+from scalable_topics.controller.transfer import (
+    MOVE_RECORD_ATTEMPTS,
+    MoveRejected,
+    TransferExecutor,
+)
+from scalable_topics.core.resources import ManualRequest
+from scalable_topics.core.transfer import Endpoint, Transfer
+
+NS, TOPIC, NAME = "ns", "orders", "orders-1"
+
+
+class _Segments:
+    """The API server's Segment store, for the two calls a move's record makes."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+        self.reports_per_write = 0
+        """Load reports that land between each read and the next status patch."""
+        self.gets = 0
+
+    def report_load(self, rate: float) -> None:
+        self.body["status"]["load"] = {"msgRateIn": rate}
+        self.body["metadata"]["resourceVersion"] = str(
+            int(self.body["metadata"]["resourceVersion"]) + 1
+        )
+
+    async def get_segment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.gets += 1
+        return copy.deepcopy(self.body) if (namespace, name) == (NS, NAME) else None
+
+    async def patch_segment_status(
+        self, namespace: str, name: str, status: dict[str, Any], *, resource_version: str
+    ) -> dict[str, Any]:
+        for _ in range(self.reports_per_write):
+            self.report_load(float(self.body["metadata"]["resourceVersion"]))
+        if resource_version != self.body["metadata"]["resourceVersion"]:
+            raise Conflict(name)
+        self.body["status"].update(status)
+        self.report_load(self.body["status"]["load"]["msgRateIn"])
+        return copy.deepcopy(self.body)
+
+
+def _segment() -> dict[str, Any]:
+    return {
+        "metadata": {"name": NAME, "namespace": NS, "uid": "u1", "resourceVersion": "10"},
+        "spec": {"topic": TOPIC, "segmentId": 1},
+        "status": {
+            "state": "Active",
+            "broker": {"pod": "b0", "url": "http://b0:8080"},
+            "load": {"msgRateIn": 0.0},
+        },
+    }
+
+
+def _executor(store: _Segments) -> tuple[TransferExecutor, list[str]]:
+    cache = TopicCache(controller_url=lambda ns, name: "")
+    for pod in ("b0", "b1"):
+        cache.brokers[pod] = BrokerPod(pod, f"http://{pod}:8080", ready=True)
+    cache.put_segment(copy.deepcopy(store.body))
+
+    async def events(*_: object) -> None:
+        return None
+
+    executor = TransferExecutor(
+        cast(KubeApi, store), cast(BrokerAdmin, None), cache, events=events, clock=lambda: 0.0
+    )
+    driven: list[str] = []
+
+    async def drive(topic: dict[str, Any], sid: int) -> dict[str, Any]:
+        segment = executor.cache.segments[(NS, TOPIC)][sid]
+        driven.append(segment["status"]["transfer"]["requestId"])
+        return topic
+
+    executor.drive = drive  # type: ignore[method-assign]
+    return executor, driven
+
+
+TOPIC_BODY = {"metadata": {"namespace": NS, "name": TOPIC}, "status": {}}
+MOVE = ManualRequest(id="r1", op="move", segments=[1], to="b1")
+
+
+async def test_a_load_report_after_the_cached_read_does_not_reject_the_move() -> None:
+    store = _Segments(_segment())
+    executor, driven = _executor(store)
+    store.report_load(120.0)  # the broker's report: the cache is one write behind
+
+    await executor.start(TOPIC_BODY, MOVE)
+
+    assert driven == ["r1"]
+    assert store.body["status"]["transfer"]["destination"]["pod"] == "b1"
+    assert store.body["status"]["load"] == {"msgRateIn": 120.0}, "the report was kept"
+    assert store.gets == 1
+
+
+async def test_a_segment_that_keeps_changing_rejects_the_move_and_records_nothing() -> None:
+    store = _Segments(_segment())
+    executor, driven = _executor(store)
+    store.reports_per_write = 1
+
+    with pytest.raises(MoveRejected, match="kept changing"):
+        await executor.start(TOPIC_BODY, MOVE)
+
+    assert driven == []
+    assert "transfer" not in store.body["status"]
+    assert store.gets == MOVE_RECORD_ATTEMPTS
+
+
+async def test_the_fresh_read_is_checked_again() -> None:
+    """Between the cached read and the write, another move was recorded: the fresh read says
+    so, and this one is rejected for it rather than written over it."""
+    store = _Segments(_segment())
+    executor, driven = _executor(store)
+    store.body["status"]["transfer"] = Transfer(
+        id="move-other",
+        segment_id=1,
+        source=Endpoint("b0", "http://b0:8080"),
+        destination=Endpoint("b1", "http://b1:8080"),
+        trigger="load",
+    ).to_status()
+    store.report_load(5.0)
+
+    with pytest.raises(MoveRejected, match="already moving"):
+        await executor.start(TOPIC_BODY, MOVE)
+
+    assert driven == []
+    assert store.body["status"]["transfer"]["id"] == "move-other"
