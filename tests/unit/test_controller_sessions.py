@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import ClientWebSocketResponse, WSMsgType, web
 from aiohttp.test_utils import TestClient, TestServer
 
+from scalable_topics.client.dag import DagWatcher
 from scalable_topics.controller.consumers import ConsumerHub
 from scalable_topics.controller.consumers.state import subscription_entry
 from scalable_topics.controller.sessions import make_app
@@ -254,6 +257,42 @@ async def test_dag_plain_get_and_unknown_topics(replicas: list[Replica]) -> None
     replica.dags.delete(NS, TOPIC)
     last, code = await closed_with(ws)
     assert code == CloseCode.UNKNOWN_TOPIC and "deleted" in last.message
+
+
+async def test_a_replica_not_synced_yet_answers_unknown_topics_retry_not_not_found(
+    replicas: list[Replica], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A replica that has not read the whole cluster yet (``controller.initialsync``) cannot
+    tell a client a topic does not exist: 503 with Retry-After, which the client retries, not
+    the final UnknownTopic. A topic it already holds is served."""
+    replica = await start_replica()
+    replicas.append(replica)
+    replica.is_ready = False
+    response = await replica.client.get(dag_path(NS, "missing"))
+    assert response.status == 503, await response.text()
+    assert (await response.json())["error"] == "NotReady"
+    assert response.headers["Retry-After"]
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await replica.client.ws_connect(dag_path(NS, "missing"))
+    assert refused.value.status == 503
+    ws = await replica.client.ws_connect(dag_path(NS, TOPIC))
+    assert isinstance(await receive(ws), DagMessage)
+    await ws.close()
+
+    # The SDK's watcher retries: it gets the DAG of a topic the replica comes to hold.
+    caplog.set_level(logging.DEBUG, logger="scalable_topics.client.dag")
+    watcher = DagWatcher(str(replica.client.make_url("/")), NS, "missing")
+    starting = asyncio.create_task(watcher.start())
+    await wait_for(lambda: any("503" in r.getMessage() for r in caplog.records))
+    assert not starting.done()
+    replica.dags.publish_layout(NS, "missing", SegmentLayout.initial(2))
+    replica.is_ready = True
+    dag = await asyncio.wait_for(starting, 10.0)
+    assert dag.topic == "missing" and len(dag.active()) == 2
+    await watcher.close()
+
+    response = await replica.client.get(dag_path(NS, "other"))
+    assert response.status == 404
 
 
 async def test_a_slow_dag_watcher_blocks_nobody(replicas: list[Replica]) -> None:

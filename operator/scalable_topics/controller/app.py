@@ -48,6 +48,7 @@ from .consumers import ConsumerHub
 from .consumers.state import subscription_entry
 from .corruption import corruption_changed
 from .health import DEFAULT_LEASE_TOLERANCE, DEFAULT_STALL, LivenessRule, QueueProgress
+from .initialsync import InitialSync
 from .kube import KubeApi
 from .leadership import ShardLeadership
 from .leases import ElectionTimings
@@ -58,6 +59,9 @@ from .status import TopicGone, update_topic_status
 from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
+
+SYNC_RECHECK_SECONDS = 5.0
+"""How long the initial sync waits for the watches before it looks at their progress again."""
 
 Key = tuple[str, str]
 
@@ -182,6 +186,7 @@ class Controller:
         self.settings = settings
         self._stop = asyncio.Event()
         self._kopf_ready = asyncio.Event()
+        self.initial_sync = InitialSync()
         self.kube: KubeApi | None = None
 
     def stop(self) -> None:
@@ -320,18 +325,8 @@ class Controller:
     # -- leadership ----------------------------------------------------------------------------
 
     async def _gained(self, shard: int) -> None:
-        assert self.kube is not None
-        # kopf's watches may not have delivered everything yet; a reconcile must know the
-        # broker pods (a segment whose broker is unknown waits for it, see protocol._place).
-        key, value = self.settings.broker_label
-        for pod in await self.kube.list_pods_all_namespaces(f"{key}={value}"):
-            self.cache.put_pod(pod)
-        if not self.cache.segments_complete:
-            for segment in await self.kube.list_all_segments():
-                self.cache.put_segment(segment)
-            self.cache.segments_complete = True
-        for topic in await self.kube.list_topics():
-            self.cache.put_topic(topic)
+        # Leadership starts after the initial sync: the cache knows every topic, Segment and
+        # broker pod the API server held then, and the watches bring the rest.
         for (namespace, name), topic in list(self.cache.topics.items()):
             if self.leadership.shard_of(namespace, name) != shard:
                 continue
@@ -430,6 +425,59 @@ class Controller:
             if self.leadership.leads(namespace, name):
                 self.queue.add_periodic((namespace, name))
 
+    async def _sync_cache(self) -> None:
+        """Return once the watches have delivered every topic, Segment and broker pod the API
+        server holds as this replica starts (``controller.initialsync``), or on stop. Listed
+        again only while the watches make no progress: a listed object deleted before a watch
+        listed it is waited for until then."""
+        assert self.kube is not None
+        started = time.monotonic()
+        sync = self.initial_sync
+        listed_once = False
+        progress = -1
+        while not self._stop.is_set() and not sync.done.is_set():
+            if not listed_once or sync.pending == progress:
+                try:
+                    uids = await self._listed_uids()
+                except Exception as exc:
+                    log.warning("initial sync: listing failed (%s); retrying", exc)
+                else:
+                    if listed_once:
+                        sync.relisted(uids)
+                    else:
+                        sync.expect(uids)
+                        listed_once = True
+                        log.info(
+                            "initial sync: %d objects listed, %d still to come through the watches",
+                            len(uids),
+                            sync.pending,
+                        )
+            progress = sync.pending
+            stop = asyncio.create_task(self._stop.wait())
+            done = asyncio.create_task(sync.done.wait())
+            try:
+                await asyncio.wait({stop, done}, timeout=SYNC_RECHECK_SECONDS)
+            finally:
+                stop.cancel()
+                done.cancel()
+        if sync.done.is_set():
+            self.cache.segments_complete = True
+            log.info(
+                "initial sync: the cache holds %d topics after %.1fs",
+                len(self.cache.topics),
+                time.monotonic() - started,
+            )
+
+    async def _listed_uids(self) -> set[str]:
+        assert self.kube is not None
+        key, value = self.settings.broker_label
+        found = [
+            *await self.kube.list_pods_all_namespaces(f"{key}={value}"),
+            *await self.kube.list_all_segments(),
+            *await self.kube.list_topics(),
+        ]
+        return {str(body["metadata"]["uid"]) for body in found}
+
     async def _resync_loop(self) -> None:
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -450,6 +498,7 @@ class Controller:
         async def topic_event(event: kopf.RawEvent, **_: Any) -> None:
             body: JsonObj = dict(event["object"])
             meta = body["metadata"]
+            self.initial_sync.saw(str(meta.get("uid")))
             key = (meta["namespace"], meta["name"])
             if event.get("type") == "DELETED":
                 self.cache.drop_topic(*key)
@@ -466,6 +515,7 @@ class Controller:
         @kopf.on.event(GROUP, VERSION, SEGMENT_PLURAL, registry=registry)
         async def segment_event(event: kopf.RawEvent, **_: Any) -> None:
             body: JsonObj = dict(event["object"])
+            self.initial_sync.saw(str(body["metadata"].get("uid")))
             if event.get("type") == "DELETED":
                 self.cache.drop_segment(body)
                 topic = (body["metadata"].get("labels") or {}).get(LABEL_TOPIC)
@@ -486,6 +536,7 @@ class Controller:
         @kopf.on.event("", "v1", "pods", labels={broker_key: broker_value}, registry=registry)
         async def broker_pod_event(event: kopf.RawEvent, **_: Any) -> None:
             body: JsonObj = dict(event["object"])
+            self.initial_sync.saw(str(body["metadata"].get("uid")))
             if event.get("type") == "DELETED":
                 self.cache.drop_pod(body)
             else:
@@ -509,7 +560,11 @@ class Controller:
         return not self._stop.is_set()
 
     def _ready(self) -> bool:
-        return self._kopf_ready.is_set() and not self._stop.is_set()
+        return (
+            self._kopf_ready.is_set()
+            and self.initial_sync.done.is_set()
+            and not self._stop.is_set()
+        )
 
     def _liveness(self) -> list[dict[str, Any]]:
         """The failed liveness checks (empty: alive), each with the wall time of the last
@@ -590,6 +645,7 @@ class Controller:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._kopf_ready.wait(), 30)
         self._take_signals()
+        await self._sync_cache()
         self.leadership.start()
         try:
             stop_waiter = asyncio.create_task(self._stop.wait())

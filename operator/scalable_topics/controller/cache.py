@@ -98,11 +98,11 @@ class TopicCache:
         self.topics: dict[Key, JsonObj] = {}
         self.segments: dict[Key, dict[int, JsonObj]] = defaultdict(dict)
         self.segments_complete = False
-        """Every Segment the API server held when this replica first led a shard was put here
-        (one cluster-wide LIST when it gained the shard), and the watch has kept them since:
-        a topic with none here has none at all, unless a Segment was created after that LIST by
-        another writer, which only the topic's leader is, and only after it wrote the topic's
-        layout (so a topic without a layout has none)."""
+        """Every Segment the API server held when this replica started came through the
+        watch before it led a shard (``controller.initialsync``), and the watch has kept them
+        since: a topic with none here has none at all, unless a Segment was created after that
+        by another writer, which only the topic's leader is, and only after it wrote the
+        topic's layout (so a topic without a layout has none)."""
         self.brokers: dict[str, BrokerPod] = {}
         self._changed: dict[Key, asyncio.Event] = defaultdict(asyncio.Event)
         self._fingerprints: dict[Key, Any] = {}
