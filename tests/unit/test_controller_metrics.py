@@ -106,43 +106,65 @@ def test_fenced_handshake_outcomes_exist_before_the_first_one() -> None:
         assert value == 0.0, outcome
 
 
-def test_forgetting_a_lost_shards_topics_collects_each_family_once(
+def test_forgetting_a_topic_touches_its_own_series_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A lost shard's topics are forgotten in one pass per family: forgetting 10,000 topics one
-    by one collected every child of every family per topic (quadratic; it blocked the event
-    loop for minutes and the liveness probe killed the replica)."""
-    lost = [(NS, f"lost-{i}") for i in range(200)]
-    kept = (NS, "kept")
-    for namespace, name in [*lost, kept]:
+    """Forgetting a topic (deleted, or its shard lost) removes its series and touches no other
+    topic's: found by collecting every child of every family per topic, forgetting 10,000 topics
+    one by one was quadratic (a lost shard blocked the event loop for minutes and the liveness
+    probe killed the replica; deletes one by one paid it too)."""
+    topics = [(NS, f"many-{i}") for i in range(200)]
+    for namespace, name in topics:
         metrics.observe_layout(namespace, name, SegmentLayout.initial(2))
         metrics.AUTOSCALE_EVALUATIONS.labels(namespace, name, "Idle").inc()
+        metrics.AUTOSCALE_EVALUATIONS.labels(namespace=namespace, topic=name, result="Acted").inc()
         metrics.OPERATIONS.labels(namespace, name, "split", "auto", "committed").inc()
     collects = 0
-    real = metrics.AUTOSCALE_EVALUATIONS.collect
+    removed: list[tuple[str, ...]] = []
+    real_collect = metrics.AUTOSCALE_EVALUATIONS.collect
+    real_remove = metrics.AUTOSCALE_EVALUATIONS.remove
 
-    def counted() -> Any:
+    def counted_collect() -> Any:
         nonlocal collects
         collects += 1
-        return real()
+        return real_collect()
 
-    monkeypatch.setattr(metrics.AUTOSCALE_EVALUATIONS, "collect", counted)
+    def counted_remove(*values: str) -> None:
+        removed.append(values)
+        real_remove(*values)
+
+    monkeypatch.setattr(metrics.AUTOSCALE_EVALUATIONS, "collect", counted_collect)
+    monkeypatch.setattr(metrics.AUTOSCALE_EVALUATIONS, "remove", counted_remove)
+    gone, lost, kept = topics[0], topics[1:150], topics[150:]
     try:
+        metrics.forget_topic(*gone)
+        assert sorted(removed) == [(*gone, "Acted"), (*gone, "Idle")]
         metrics.forget_topics(lost)
-        assert collects == 1
-        for namespace, name in lost:
+        assert len(removed) == 2 * (1 + len(lost))
+        assert collects == 0
+        for namespace, name in [gone, *lost]:
             labels = {"namespace": namespace, "topic": name}
             assert _value("scalable_topic_active_segments", labels) is None
+            for result in ("Idle", "Acted"):
+                evaluations = {**labels, "result": result}
+                assert _value("scalable_topic_autoscale_evaluations_total", evaluations) is None
+            operations = {**labels, "kind": "split", "source": "auto", "outcome": "committed"}
+            assert _value("scalable_topic_operations_total", operations) is None
+        for namespace, name in kept:
+            labels = {"namespace": namespace, "topic": name}
+            assert _value("scalable_topic_active_segments", labels) == 2
             assert (
                 _value("scalable_topic_autoscale_evaluations_total", {**labels, "result": "Idle"})
-                is None
+                == 1.0
             )
-        kept_labels = {"namespace": kept[0], "topic": kept[1]}
-        assert _value("scalable_topic_active_segments", kept_labels) == 2
+        metrics.AUTOSCALE_EVALUATIONS.labels(*gone, "Idle").inc()
         assert (
-            _value("scalable_topic_autoscale_evaluations_total", {**kept_labels, "result": "Idle"})
+            _value(
+                "scalable_topic_autoscale_evaluations_total",
+                {"namespace": gone[0], "topic": gone[1], "result": "Idle"},
+            )
             == 1.0
-        )
+        ), "a topic forgotten and then counted again has a series again"
     finally:
         monkeypatch.undo()
-        metrics.forget_topics([*lost, kept])
+        metrics.forget_topics(topics)
