@@ -108,6 +108,7 @@ async def start_replica(
     leader: bool = True,
     strategies: Mapping[str, str] | None = None,
     restore: bool = True,
+    heartbeat: float = 5.0,
 ) -> Replica:
     own_url = "http://this-replica:8080"
     dags = MemoryDagSource(controller_url=own_url)
@@ -130,7 +131,7 @@ async def start_replica(
         hub,
         health=lambda: replica.healthy,
         ready=lambda: replica.is_ready,
-        heartbeat=5.0,
+        heartbeat=heartbeat,
     )
     client: TestClient[web.Request, web.Application] = TestClient(TestServer(app, host="127.0.0.1"))
     await client.start_server()
@@ -296,7 +297,9 @@ async def test_a_replica_not_synced_yet_answers_unknown_topics_retry_not_not_fou
 
 
 async def test_a_slow_dag_watcher_blocks_nobody(replicas: list[Replica]) -> None:
-    replica = await start_replica(segments=1)
+    # The stalled reader answers no ping: a heartbeat shorter than the fast reader's 24 MB on a
+    # loaded machine would close it, which is not what this test is about.
+    replica = await start_replica(segments=1, heartbeat=120.0)
     replicas.append(replica)
     # ~1 MB per DAG message, 24 versions: far more than the socket buffers of a stalled reader
     layout = SegmentLayout.initial(1500)
