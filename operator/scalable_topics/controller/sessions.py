@@ -117,8 +117,7 @@ def make_app(
 
     async def dag_session(request: web.Request) -> web.StreamResponse:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        dag = dags.dag(namespace, name)
-        if dag is None and not ready():
+        if not ready() and dags.dag(namespace, name) is None:
             # Not found is final for a client; before its first sync this replica cannot know.
             return _error_json(
                 503,
@@ -127,6 +126,7 @@ def make_app(
                 **{hdrs.RETRY_AFTER: str(RETRY_AFTER)},
             )
         if not _is_websocket(request):
+            dag = dags.dag(namespace, name)
             if dag is None:
                 return _error_json(
                     404, ErrorCode.UNKNOWN_TOPIC, f"topic {namespace}/{name} not found"
