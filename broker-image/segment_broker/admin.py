@@ -63,6 +63,9 @@ class AdminRoutes:
             writable = body.get("writable", True)
             if not isinstance(writable, bool):
                 raise ValueError("writable must be a boolean")
+            zero_load_recorded = body.get("zeroLoadRecorded", False)
+            if not isinstance(zero_load_recorded, bool):
+                raise ValueError("zeroLoadRecorded must be a boolean")
             subs: dict[str, BrokerSubscriptionType] = {}
             for item in body.get("subscriptions", []):
                 if not isinstance(item, dict):
@@ -83,6 +86,7 @@ class AdminRoutes:
                 subs,
                 Retention.from_json(retention),
                 writable=writable,
+                zero_load_recorded=zero_load_recorded,
             )
             return web.json_response(_stats(hosted), status=201 if created else 200)
 

@@ -402,13 +402,18 @@ class SegmentStore:
         retention: Retention,
         *,
         writable: bool = True,
+        zero_load_recorded: bool = False,
     ) -> tuple[HostedSegment, bool]:
         """Create a segment with its cursors at position 0. Idempotent: the same request on an
         existing segment returns it (adding missing subscriptions); a different range or bucket
         count is a conflict. Returns ``(segment, created)``.
 
         ``writable=False`` creates it fenced: produce is refused until :meth:`activate`. An
-        existing segment's fence is never changed by a create (only activation lifts it)."""
+        existing segment's fence is never changed by a create (only activation lifts it).
+
+        ``zero_load_recorded``: the caller records the new segment's zero load itself, so the
+        load reporter takes zero as already written (ignored for a segment that exists: it may
+        have had traffic)."""
         validate_name("namespace", namespace)
         validate_name("topic", topic)
         if not isinstance(segment_id, int) or isinstance(segment_id, bool) or segment_id < 0:
@@ -455,7 +460,10 @@ class SegmentStore:
                     writable=writable,
                 ),
             )
-            return await self._host(directory, meta), True
+            hosted = await self._host(directory, meta)
+            if zero_load_recorded and self.tracker is not None:
+                self.tracker.zero_recorded(namespace, topic, segment_id, subscriptions)
+            return hosted, True
 
     async def activate(self, namespace: str, topic: str, segment_id: int) -> HostedSegment:
         """Lift a segment's fence (idempotent)."""

@@ -118,10 +118,13 @@ class SegmentAdmin:
         subscriptions: Mapping[str, str] | Iterable[tuple[str, str]] = (),
         retention: Mapping[str, int | None] | None = None,
         writable: bool = True,
+        zero_load_recorded: bool = False,
     ) -> dict[str, Any]:
         """Create (or find) the segment with a cursor at position 0 for each subscription
         (name → type); returns its stats. ``writable=False`` creates it fenced until
-        :meth:`activate`; a create never changes the fence of an existing segment."""
+        :meth:`activate`; a create never changes the fence of an existing segment.
+        ``zero_load_recorded``: the caller records a new segment's zero load in its Segment
+        itself, and the broker writes only a move from zero."""
         pairs = subscriptions.items() if isinstance(subscriptions, Mapping) else subscriptions
         body: dict[str, Any] = {
             "range": {"start": start, "end": end},
@@ -129,6 +132,8 @@ class SegmentAdmin:
             "subscriptions": [{"name": n, "type": t} for n, t in pairs],
             "writable": writable,
         }
+        if zero_load_recorded:
+            body["zeroLoadRecorded"] = True
         if retention:
             body["retention"] = dict(retention)
         return await self._call("PUT", self._path(namespace, topic, segment_id), body)

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scalable_topics.client.segment import SegmentError, SegmentProducer, SegmentSealedError
 from scalable_topics.core.layout import SegmentLayout
+from scalable_topics.core.resources import LABEL_TOPIC
 from scalable_topics.core.wire import Message
 
 from .conftest import metric_samples
@@ -388,6 +389,74 @@ async def test_a_new_topic_is_two_status_writes(stack: Stack) -> None:
         "jobs": {**entries["jobs"], "name": "jobs", "type": "Queue"},
     }
     assert ready["autoScale"]["lastEvaluation"]["result"] == "Idle"
+
+
+async def test_a_new_segment_is_one_status_write_and_its_idle_broker_adds_none(
+    stack: Stack,
+) -> None:
+    """A new segment's placement carries its zero ``load`` (the broker is told with the
+    create, ``zeroLoadRecorded``), so its broker's first samples, idle, write nothing: each
+    Segment is created and written once (issue 17: the brokers' first zero report of each new
+    segment was 2 of the 4 Segment status writes of a new topic)."""
+    name = "one-segment-write"
+    _, since = await stack.api.list(SEGMENTS, "default")
+    seen: dict[str, list[JsonObj]] = {}
+    marked = asyncio.Event()
+
+    async def watch() -> None:
+        async for etype, obj in stack.api.watch(SEGMENTS, since):
+            meta = obj["metadata"]
+            if (meta.get("labels") or {}).get(LABEL_TOPIC) != name:
+                continue
+            if etype in ("ADDED", "MODIFIED"):
+                seen.setdefault(meta["name"], []).append(obj)
+            done = [
+                writes
+                for writes in seen.values()
+                if (writes[-1]["metadata"].get("annotations") or {}).get("test/marker") == "1"
+            ]
+            if len(done) == 2:
+                marked.set()
+                return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await stack.api.create(
+            TOPICS, "default", topic_body(name, segments=2, autoScale={"enabled": False})
+        )
+        await stack.wait_ready(name)
+        passes = "segment_broker_load_samples_total", ()
+        brokers = list((await stack.broker_urls()).values())
+        baseline = {url: (await metric_samples(url)).get(passes, 0.0) for url in brokers}
+
+        async def two_passes_each() -> bool:
+            # The second pass that ends after Ready began after it: it sampled the segments.
+            counts = {url: (await metric_samples(url)).get(passes, 0.0) for url in brokers}
+            return all(counts[url] >= baseline[url] + 2 for url in brokers)
+
+        await eventually(two_passes_each, 60, "two load sampling passes on every broker")
+        for segment in list(seen):
+            await stack.api.patch(
+                SEGMENTS, "default", segment, {"metadata": {"annotations": {"test/marker": "1"}}}
+            )
+        await asyncio.wait_for(marked.wait(), 30)
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+
+    assert len(seen) == 2, sorted(seen)
+    for segment, writes in seen.items():
+        created, placed, marker = writes
+        assert not created.get("status"), (segment, created.get("status"))
+        load = placed["status"]["load"]
+        assert {k: v for k, v in load.items() if k != "updatedAt"} == {
+            "msgRateIn": 0.0,
+            "bytesRateIn": 0.0,
+            "msgRateOut": 0.0,
+            "bytesRateOut": 0.0,
+        }
+        assert placed["status"]["state"] == "Active" and placed["status"]["broker"]["url"]
+        assert marker["status"] == placed["status"], segment
 
 
 async def _leader_election_requests(stack: Stack) -> float:

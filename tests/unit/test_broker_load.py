@@ -387,6 +387,44 @@ async def test_rates_and_backlog_that_moved_together_are_one_write() -> None:
     assert inner.writes == [], "the separate write is not used"
 
 
+async def test_a_segment_whose_zero_load_the_operator_recorded_is_written_only_when_it_moves() -> (
+    None
+):
+    """A new segment the operator placed with a zero ``load`` (``zeroLoadRecorded``): the
+    broker's first samples write nothing while idle, the first traffic and the first backlog
+    do. A tracker restarted (a new reporter) writes its first sample as ever: the Segment may
+    hold any load from before."""
+    clock = Clock(T0)
+    inner = StatusRecorder()
+    registry = CollectorRegistry()
+    tracker = LoadTracker(ThresholdReporter(inner), None, clock=clock, registry=registry)
+    backlog = {"billing": 0}
+    seg = tracker.segment("ns", "t", 0, "0000-ffff-0", (0, 0xFFFF))
+    seg.backlog_source = lambda: backlog
+    tracker.zero_recorded("ns", "t", 0, ["billing"])
+
+    for _ in range(3):
+        clock.t += 10
+        await tracker.step()
+    assert inner.statuses == []
+    # the pass counter the integration tests wait on
+    assert registry.get_sample_value("segment_broker_load_samples_total") == 3
+    seg.record_in(100, 10_000, 0x10)
+    backlog["billing"] = 100
+    clock.t += 10
+    await tracker.step()
+    [(rates, moved_backlog)] = inner.statuses
+    assert rates is not None and rates.msg_rate_in > 0 and moved_backlog == {"billing": 100}
+
+    restarted = StatusRecorder()
+    again = make_tracker(clock, ThresholdReporter(restarted))
+    again.segment("ns", "t", 0, "0000-ffff-0", (0, 0xFFFF)).backlog_source = lambda: {}
+    clock.t += 10
+    await again.step()
+    [(first, _)] = restarted.statuses
+    assert first == SegmentRates()
+
+
 async def test_a_reporter_without_backlogs_gets_rates_only() -> None:
     clock = Clock(T0)
     inner = CountingReporter()

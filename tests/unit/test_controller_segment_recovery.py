@@ -26,7 +26,7 @@ from kubernetes_asyncio import client as k8s
 
 from scalable_topics.controller.brokers import BrokerAdmin
 from scalable_topics.controller.cache import TopicCache, recorded_broker
-from scalable_topics.controller.kube import KubeApi, NotFound
+from scalable_topics.controller.kube import Conflict, KubeApi, NotFound
 from scalable_topics.controller.protocol import OperationExecutor
 from scalable_topics.controller.segments import SegmentKeeper
 from scalable_topics.core.jsontypes import JsonObj
@@ -66,6 +66,7 @@ class World:
 def _in_memory_segments(kube: KubeApi, world: list[World]) -> None:
     """Segments and events kept in the test instead of an API server (uids as it gives them)."""
     uids = itertools.count(1)
+    versions = itertools.count(1)
 
     async def list_segments(namespace: str, topic: str) -> list[JsonObj]:
         listed = [copy.deepcopy(b) for b in world[0].stored.values()]
@@ -79,8 +80,13 @@ def _in_memory_segments(kube: KubeApi, world: list[World]) -> None:
         if name not in world[0].stored:
             created = copy.deepcopy(body)
             created["metadata"]["uid"] = f"uid-{next(uids)}"
+            created["metadata"]["resourceVersion"] = str(next(versions))
             world[0].stored[name] = created
         return copy.deepcopy(world[0].stored[name])
+
+    async def get_segment(namespace: str, name: str) -> JsonObj | None:
+        stored = world[0].stored.get(name)
+        return None if stored is None else copy.deepcopy(stored)
 
     async def patch_segment_status(
         namespace: str, name: str, status: JsonObj, *, resource_version: str | None = None
@@ -88,7 +94,12 @@ def _in_memory_segments(kube: KubeApi, world: list[World]) -> None:
         if name not in world[0].stored:
             raise NotFound(name)
         stored = world[0].stored[name]
+        if resource_version is not None and resource_version != stored["metadata"].get(
+            "resourceVersion"
+        ):
+            raise Conflict(name)
         stored["status"] = {**(stored.get("status") or {}), **status}
+        stored["metadata"]["resourceVersion"] = str(next(versions))
         return copy.deepcopy(stored)
 
     async def post_event(
@@ -98,6 +109,7 @@ def _in_memory_segments(kube: KubeApi, world: list[World]) -> None:
 
     kube.list_segments = list_segments  # type: ignore[method-assign]
     kube.create_segment = create_segment  # type: ignore[method-assign]
+    kube.get_segment = get_segment  # type: ignore[method-assign]
     kube.patch_segment_status = patch_segment_status  # type: ignore[method-assign]
     kube.post_event = post_event  # type: ignore[method-assign]
 

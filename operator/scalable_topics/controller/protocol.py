@@ -30,6 +30,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
+from ..core.evaluator import zero_load_status
 from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
 from ..core.operation import Operation, Phase, Recovery, recovery
@@ -52,10 +53,14 @@ from . import metrics
 from .brokers import BrokerAdmin, broker_unavailable, choose_broker
 from .cache import ANNOTATION_BROKER, TopicCache, layout_of, recorded_broker
 from .faults import crash_after, fault_point
-from .kube import KubeApi
+from .kube import Conflict, KubeApi
 from .status import TypedChange, change_topic_status
 
 log = logging.getLogger(__name__)
+
+PLACEMENT_ATTEMPTS = 3
+"""Compare-and-swaps of a new segment's placement and zero load before it is written without
+the load (the Segment kept changing; it then has no load until its broker sees traffic)."""
 
 FAULT_POINTS = ("intent-recorded", "children-created", "parents-sealed", "layout-committed")
 
@@ -292,6 +297,8 @@ class OperationExecutor:
                 placed.append(placement)
         retention = broker_retention(topic)
         admin = self.brokers.at(url)
+        status = created.get("status") or {}
+        record_zero = "load" not in status
         on_broker = await admin.create_segment(
             ns,
             name,
@@ -302,10 +309,10 @@ class OperationExecutor:
             buckets=buckets,
             retention=retention,
             writable=writable,
+            zero_load_recorded=record_zero,
         )
         if writable and on_broker.get("writable") is False:
             await admin.activate(ns, name, segment_id)
-        status = created.get("status") or {}
         current = status.get("state")
         wanted: dict[str, Any] = {
             "broker": {"pod": pod, "url": url},
@@ -317,10 +324,41 @@ class OperationExecutor:
             ),
             **(epochs or {}),
         }
-        if any(status.get(k) != v for k, v in wanted.items()):
+        if record_zero:
+            await self._record_placement(created, wanted)
+        elif any(status.get(k) != v for k, v in wanted.items()):
             updated = await self.kube.patch_segment_status(ns, body["metadata"]["name"], wanted)
             self.cache.put_segment(updated)
         return url
+
+    async def _record_placement(self, segment: JsonObj, wanted: JsonObj) -> None:
+        """Write a placement together with the new segment's zero load (whose broker was told
+        so and writes only a move from zero): one status write instead of two per segment.
+        A compare-and-swap, so that it never writes zero over a load its broker wrote after
+        all (its broker restarted in between, say): on a conflict it looks again."""
+        meta = segment["metadata"]
+        for _ in range(PLACEMENT_ATTEMPTS):
+            status = segment.get("status") or {}
+            record = {**wanted}
+            if "load" not in status:
+                record["load"] = zero_load_status(format_time(self.clock()))
+            try:
+                updated = await self.kube.patch_segment_status(
+                    meta["namespace"],
+                    meta["name"],
+                    record,
+                    resource_version=segment["metadata"]["resourceVersion"],
+                )
+            except Conflict:
+                fresh = await self.kube.get_segment(meta["namespace"], meta["name"])
+                if fresh is None:
+                    raise
+                segment = fresh
+                continue
+            self.cache.put_segment(updated)
+            return
+        updated = await self.kube.patch_segment_status(meta["namespace"], meta["name"], wanted)
+        self.cache.put_segment(updated)
 
     async def _create_children(self, topic: JsonObj, operation: Operation) -> None:
         subscriptions = await self._subscriptions(topic, operation)

@@ -50,6 +50,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .layout import SegmentInfo, SegmentLayout
 from .policy import AutoScalePolicy
@@ -65,6 +66,7 @@ __all__ = [
     "Suppression",
     "decide",
     "decide_explained",
+    "zero_load_status",
 ]
 
 # (field of LoadSample and policy, reason string, camelCase name for messages)
@@ -74,6 +76,14 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("msg_rate_out", "msg-rate-out", "msgRateOut"),
     ("bytes_rate_out", "bytes-rate-out", "bytesRateOut"),
 )
+
+
+def zero_load_status(updated_at: str) -> dict[str, Any]:
+    """``Segment.status.load`` of a segment that has had no traffic since ``updated_at``: what
+    the operator records with a new segment's placement (its broker then writes only a move
+    from zero)."""
+    return {**{camel: 0.0 for _, _, camel in METRICS}, "updatedAt": updated_at}
+
 
 REASON_CONSUMER_COUNT = "consumer-count"
 REASON_COLD = "cold"
