@@ -588,11 +588,11 @@ async def test_kubectl_shows_whole_rates_and_no_sealed_at_epoch_for_active_segme
     await new_topic(stack, "shown")
 
     async def first_load_report() -> bool:
-        # The broker owns status.load: its first report (zeros) would overwrite the patch.
+        # The placement records the zero load: a patch before it would be overwritten.
         segment = (await stack.segments("shown")).get(0) or {}
         return bool((segment.get("status") or {}).get("load"))
 
-    await eventually(first_load_report, 60, "the broker's first load report of shown-0")
+    await eventually(first_load_report, 60, "the zero load recorded with shown-0's placement")
     await stack.kubectl(
         "patch", "seg", "shown-0", "--subresource=status", "--type=merge",
         "-p", '{"status": {"load": {"msgRateIn": 71.71031059119261}}}',
