@@ -137,16 +137,19 @@ async def test_example_topic_becomes_ready(stack: Stack) -> None:
         stats = await stack.segment_stats(on_brokers[sid], "orders", sid)
         assert stats is not None
         assert set(stats["subscriptions"]) == {"billing", "audit"}
-    # spread over two brokers (least-loaded placement), one Placed event naming both
+    # spread over two brokers (least-loaded placement), one Created event naming both
     assert len(set(on_brokers.values())) == 2
-    placed = [e["message"] for e in await stack.events("orders") if e["reason"] == "Placed"]
-    assert placed == [
-        "; ".join(
+    events = await stack.events("orders")
+    assert not [e for e in events if e["reason"] == "Placed"], events
+    created = [e["message"] for e in events if e["reason"] == "Created"]
+    assert created == [
+        f"created {len(current.segments)} segment(s) at epoch 0: "
+        + "; ".join(
             f"segment #{sid} {current.segments[sid].hash_range.hex()} on "
             f"{segments[sid]['status']['broker']['pod']}"
             for sid in sorted(current.segments)
         )
-    ], placed
+    ], created
     stats = await stack.segment_stats(on_brokers[0], "orders", 0)
     assert stats is not None
     wide = await stack.kubectl("get", "stopic", "orders", "-o", "wide")

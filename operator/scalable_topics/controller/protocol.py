@@ -378,10 +378,19 @@ class OperationExecutor:
         finally:
             await self.announce_placed(topic, placed)
 
-    async def announce_placed(self, topic: JsonObj, placed: list[str]) -> None:
+    async def announce_placed(
+        self, topic: JsonObj, placed: list[str], *, created: SegmentLayout | None = None
+    ) -> None:
         """One ``Placed`` event for the segments a pass placed (``ensure_segment(placed=)``):
-        a new topic or a split costs one event, not one per segment."""
-        if placed:
+        a split costs one event, not one per segment. For a topic whose first layout this pass
+        ``created``, the one ``Created`` event names the placements: one event per new topic,
+        not two."""
+        if created is not None:
+            message = f"created {len(created.active())} segment(s) at epoch {created.epoch}"
+            if placed:
+                message += ": " + "; ".join(placed)
+            await self.events(topic, "Normal", "Created", message)
+        elif placed:
             await self.events(topic, "Normal", "Placed", "; ".join(placed))
 
     async def _seal_parents(self, topic: JsonObj, operation: Operation) -> None:

@@ -370,7 +370,7 @@ class TopicReconciler:
         topic = await self.transfers.shed(topic)
 
         try:
-            await self.segments.ensure(topic, layout, spec, recover=not fresh)
+            await self.segments.ensure(topic, layout, spec, new=fresh)
         except (NoBrokerAvailable, SegmentsUnavailable) as exc:
             await self._not_ready(topic, Reason.BROKERS_UNAVAILABLE, str(exc))
             raise
@@ -512,9 +512,7 @@ class TopicReconciler:
         topic = await change_topic_status(
             self.kube, meta["namespace"], meta["name"], change, topic=topic
         )
-        await self.events(
-            topic, "Normal", "Created", f"created {len(layout.active())} segment(s) at epoch 0"
-        )
+        # Its Created event comes with the segments' placements (announce_placed).
         return topic, layout_of(topic) or layout
 
     async def _not_ready(

@@ -86,13 +86,15 @@ class SegmentKeeper:
         layout: SegmentLayout,
         spec: ScalableTopicSpec,
         *,
-        recover: bool = True,
+        new: bool = False,
     ) -> None:
         """Every segment of the layout exists where it should (Active on its broker, with the
         spec's subscriptions) or is marked Sealed; segments no longer in the DAG are deleted
         from their brokers and then as resources. A segment of the layout whose Segment is gone
-        is looked for on the brokers first (``recover``; not for a topic just created, which has
-        nothing anywhere), so that it is never placed afresh, empty, away from its data."""
+        is looked for on the brokers first (not for a ``new`` topic, whose first layout this
+        pass wrote: it has nothing anywhere), so that it is never placed afresh, empty, away
+        from its data. A ``new`` topic's placements are told in its ``Created`` event."""
+        recover = not new
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         subscriptions = sorted((s.name, s.type.value) for s in spec.subscriptions)
         wanted = {s for s, _ in subscriptions}
@@ -171,7 +173,7 @@ class SegmentKeeper:
                 if current is not None:
                     await self._record_epochs(ns, name, info, current)
         finally:
-            await self.executor.announce_placed(topic, placed)
+            await self.executor.announce_placed(topic, placed, created=layout if new else None)
         if failures:
             raise SegmentsUnavailable(pending, "; ".join(failures))
         await self.remove_orphans(topic, layout)
