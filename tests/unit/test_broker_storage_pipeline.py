@@ -265,3 +265,43 @@ async def test_a_segment_never_written_to_holds_no_threads(
     reopened = await _open(tmp_path / "busy", executor)
     assert reopened.log.next_position == 1
     await reopened.close()
+
+
+async def test_close_waits_for_the_rolls_index_writes_so_a_reopen_never_races_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A roll writes the filled file's index in the background. ``close`` waits for it: a
+    reopen of the directory (a truncation, a transfer, a test) writes the same ``.idx.tmp``,
+    and one replace then found the other's file gone (CI: FileNotFoundError in ``open``).
+    The index write is held until a timer releases it, on an executor with threads to spare:
+    the log is closed after the index is written, never while it is."""
+    order: list[str] = []
+    entered = threading.Event()
+    release = threading.Event()
+    real_index = log_module.SegmentLog.write_index_blocking
+    real_close = log_module.SegmentLog.close
+
+    def held_index(self: log_module.SegmentLog, lf: log_module.LogFile) -> None:
+        entered.set()
+        assert release.wait(30), "the test never released the index write"
+        real_index(self, lf)
+        order.append("index")
+
+    def recorded_close(self: log_module.SegmentLog, *, sync: bool = True) -> None:
+        order.append("log closed")
+        real_close(self, sync=sync)
+
+    monkeypatch.setattr(log_module.SegmentLog, "write_index_blocking", held_index)
+    monkeypatch.setattr(log_module.SegmentLog, "close", recorded_close)
+    with ThreadPoolExecutor(4) as executor:
+        seg = await _open(tmp_path / "s", executor, roll_bytes=4_000)
+        for seq in range(20):
+            _append(seg, seq, 500)
+        await _until(lambda: entered.is_set(), "a roll's index write")
+        threading.Timer(0.3, release.set).start()
+        await seg.close()
+        assert order[:2] == ["index", "log closed"], order
+        monkeypatch.undo()
+        reopened = await _open(tmp_path / "s", executor, roll_bytes=4_000)
+        assert reopened.log.next_position == 20
+        await reopened.close()

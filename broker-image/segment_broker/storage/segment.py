@@ -147,6 +147,8 @@ class Segment:
         (a transfer's copy on its destination) or ``"releasing"`` (a transfer's source)."""
         self._terminating: asyncio.Future[SealInfo] | None = None
         self.closed = False
+        self._finishing: set[asyncio.Future[None]] = set()
+        """Roll finishers (index, dedup snapshot) still running in the executor."""
         self.producers: dict[str, ProducerState] = {}
         self.visible_position = -1
         """Last position that producers have been acknowledged for and consumers may read."""
@@ -282,14 +284,23 @@ class Segment:
         self.closed = True
         await self._stop_housekeeping()
         await self.persist_cursors()
+        await self._roll_finishers()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, lambda: self.log.close(sync=not self.failed))
+
+    async def _roll_finishers(self) -> None:
+        """Wait for the rolls' index and snapshot writes: one still running after a close
+        would race a reopen of the same directory (a truncation, a transfer) writing the same
+        ``.idx.tmp``, and fail it (found by test_broker_storage_pipeline under CI load)."""
+        if self._finishing:
+            await asyncio.gather(*list(self._finishing), return_exceptions=True)
 
     async def destroy(self) -> None:
         """Delete the segment and its data."""
         self.closed = True
         self._progress.set()
         await self._stop_housekeeping()
+        await self._roll_finishers()
         loop = asyncio.get_running_loop()
 
         def rm() -> None:
@@ -454,9 +465,11 @@ class Segment:
                 old.path.name,
             )
             return
+        self._finishing.add(task)
         task.add_done_callback(self._background_done)
 
     def _background_done(self, fut: asyncio.Future[None]) -> None:
+        self._finishing.discard(fut)
         if not fut.cancelled() and fut.exception() is not None:
             log.error(
                 "%s: writing a roll's index or dedup snapshot failed: %s",
