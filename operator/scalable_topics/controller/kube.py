@@ -112,11 +112,14 @@ class KubeApi:
         self._own_versions.pop((namespace, name), None)
 
     async def get_topic(self, namespace: str, name: str) -> JsonObj | None:
+        return await self._get_or_none(SCALABLE_TOPICS, namespace, name)
+
+    async def _get_or_none(self, plural: str, namespace: str, name: str) -> JsonObj | None:
         try:
             return cast(
                 JsonObj,
                 await self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, namespace, SCALABLE_TOPICS, name
+                    GROUP, VERSION, namespace, plural, name
                 ),
             )
         except ApiException as exc:
@@ -154,17 +157,7 @@ class KubeApi:
     # -- Segment -------------------------------------------------------------------------------
 
     async def get_segment(self, namespace: str, name: str) -> JsonObj | None:
-        try:
-            return cast(
-                JsonObj,
-                await self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, namespace, SEGMENTS, name
-                ),
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return await self._get_or_none(SEGMENTS, namespace, name)
 
     async def list_segments(self, namespace: str, topic: str) -> list[JsonObj]:
         result = await self.custom.list_namespaced_custom_object(
