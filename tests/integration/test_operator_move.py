@@ -284,8 +284,8 @@ async def test_drain_moves_every_segment_off_the_pod_and_uncordon_lets_it_back(
 ) -> None:
     """``kubectl stopic drain POD``: every segment of every topic on the pod moves away (the
     other tests' topics, an active and a sealed segment among them), the command returns once no
-    Segment names the pod, the pod gets a ``Drained`` event, a new topic is placed elsewhere;
-    ``uncordon`` removes the annotation."""
+    Segment is on the pod or moving from it (no transfer record left), the pod gets a
+    ``Drained`` event, a new topic is placed elsewhere; ``uncordon`` removes the annotation."""
     operator = await start(stack, "drainer")
     try:
         hosted = await stack.broker_segments(LOAD_TOPIC)

@@ -168,7 +168,7 @@ def test_json_output_is_one_object_per_line() -> None:
     assert json.loads(format_message(message(None, b"v"), "json"))["key"] is None
 
 
-def test_drain_waits_for_the_segments_that_name_the_pod() -> None:
+def test_drain_waits_for_the_segments_on_the_pod_or_moving_from_it() -> None:
     from scalable_topics.cli.drain import segments_on
 
     segments: list[dict[str, Any]] = [
@@ -184,3 +184,15 @@ def test_drain_waits_for_the_segments_that_name_the_pod() -> None:
     ]
     assert segments_on("b-0", segments) == ["a/t-0", "b/u-3"]
     assert segments_on("b-2", segments) == []
+    committed = {
+        "metadata": {"namespace": "a", "name": "t-2"},
+        "status": {
+            "broker": {"pod": "b-1"},
+            "transfer": {"phase": "Owned", "source": {"pod": "b-2"}, "destination": {"pod": "b-1"}},
+        },
+    }
+    assert segments_on("b-2", [*segments, committed]) == ["a/t-2"], (
+        "the source deletes its copy only at the release after the Owned commit"
+    )
+    released = {"metadata": committed["metadata"], "status": {"broker": {"pod": "b-1"}}}
+    assert segments_on("b-2", [*segments, released]) == []

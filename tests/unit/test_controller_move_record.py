@@ -144,3 +144,39 @@ async def test_the_fresh_read_is_checked_again() -> None:
 
     assert driven == []
     assert store.body["status"]["transfer"]["id"] == "move-other"
+
+
+async def test_a_draining_pod_is_announced_drained_only_once_the_moves_source_released_it() -> None:
+    """The ``Owned`` commit names the destination, but the source deletes its copy only at the
+    release after it: ``Drained`` (the pod can be stopped) waits for the record to be cleared."""
+    body = _segment()
+    body["status"]["broker"] = {"pod": "b1", "url": "http://b1:8080"}
+    body["status"]["transfer"] = Transfer(
+        id="t1",
+        segment_id=1,
+        source=Endpoint("b0", "http://b0:8080"),
+        destination=Endpoint("b1", "http://b1:8080"),
+    ).to_status() | {"phase": "Owned"}
+    store = _Segments(body)
+    cache = TopicCache(controller_url=lambda ns, name: "")
+    cache.brokers["b0"] = BrokerPod("b0", "http://b0:8080", ready=True, cordoned=True)
+    cache.brokers["b1"] = BrokerPod("b1", "http://b1:8080", ready=True)
+    cache.put_segment(copy.deepcopy(body))
+    posted: list[tuple[str, str]] = []
+
+    async def events(target: dict[str, Any], _type: str, reason: str, _message: str) -> None:
+        posted.append((target["metadata"]["name"], reason))
+
+    executor = TransferExecutor(
+        cast(KubeApi, store), cast(BrokerAdmin, None), cache, events=events, clock=lambda: 0.0
+    )
+    topic = {"metadata": {"namespace": NS, "name": TOPIC}, "status": {"operation": {"id": "x"}}}
+
+    await executor.drain(topic)
+    assert posted == [], "b0 still holds the log until the release"
+
+    del body["status"]["transfer"]
+    cache.put_segment(copy.deepcopy(body))
+    await executor.drain(topic)
+    await executor.drain(topic)
+    assert posted == [("b0", "Drained")]

@@ -25,13 +25,14 @@ import pytest
 from kubernetes_asyncio import client as k8s
 
 from scalable_topics.controller.brokers import BrokerAdmin
-from scalable_topics.controller.cache import TopicCache, recorded_broker
+from scalable_topics.controller.cache import TopicCache
 from scalable_topics.controller.kube import Conflict, KubeApi, NotFound
 from scalable_topics.controller.protocol import OperationExecutor
 from scalable_topics.controller.segments import SegmentKeeper
 from scalable_topics.core.jsontypes import JsonObj
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.resources import parse_topic_spec, segment_manifest, segment_name
+from scalable_topics.core.transfer import recorded_broker
 from scalable_topics.core.wire import Successor
 from segment_broker.testing import RunningBroker, running_broker
 

@@ -2,7 +2,8 @@
 
 ``drain`` annotates the pod (``scalabletopics.io/drain``): the operator stops placing segments
 on it and moves every segment it holds to the other brokers (docs/operator.md, "Moving a
-segment"); the command waits until no Segment names the pod, then the pod can be stopped or the
+segment"); the command waits until no Segment is on the pod or moving from or to it (the
+source deletes its copy only after the move's commit), then the pod can be stopped or the
 StatefulSet scaled down (docs/operations.md). ``uncordon`` removes the annotation.
 """
 
@@ -17,7 +18,7 @@ from kubernetes_asyncio import client as k8s
 
 from ..core.resources import GROUP, SEGMENT_PLURAL
 from ..core.resources import VERSION as API_VERSION
-from ..core.transfer import DRAIN_ANNOTATION
+from ..core.transfer import DRAIN_ANNOTATION, pods_holding
 from . import args as cli_args
 from .errors import CliError
 from .kube import call, kube_api
@@ -30,14 +31,12 @@ BROKER_NAMESPACE = "scalable-topics"
 
 
 def segments_on(pod: str, segments: list[dict[str, Any]]) -> list[str]:
-    """``namespace/name`` of the Segments that name ``pod`` (status, else placement)."""
+    """``namespace/name`` of the Segments whose log ``pod`` still holds: placed on it, or the
+    source or destination of a move in flight (:func:`pods_holding`)."""
     found = []
     for seg in segments:
-        meta = seg.get("metadata") or {}
-        placed = ((seg.get("status") or {}).get("broker") or {}).get("pod") or (
-            meta.get("annotations") or {}
-        ).get("scalabletopics.io/broker")
-        if placed == pod:
+        if pod in pods_holding(seg):
+            meta = seg.get("metadata") or {}
             found.append(f"{meta.get('namespace')}/{meta.get('name')}")
     return sorted(found)
 
@@ -81,7 +80,7 @@ async def cmd_drain(args: argparse.Namespace) -> int:
                     )
                 progress.update(f"{len(left)} segment(s) to move")
                 await asyncio.sleep(0.5)
-        print(f"{args.pod} is drained: no segment is on it")
+        print(f"{args.pod} is drained: no segment is on it or moving from it")
         return 0
 
 

@@ -35,14 +35,14 @@ from ..core.resources import (
     parse_time,
     parse_topic_spec,
 )
-from ..core.transfer import ShedPolicy
+from ..core.transfer import ShedPolicy, recorded_broker
 from ..credentials import server_ssl_context
 from ..kubeauth import KubernetesAuth
 from . import metrics
 from .access import SessionAccess
 from .autoscale import AutoScaler
 from .brokers import BrokerAdmin
-from .cache import TopicCache, layout_of, recorded_broker
+from .cache import TopicCache, layout_of
 from .clusterdefaults import ClusterDefaultsWatch
 from .consumers import ConsumerHub
 from .consumers.state import subscription_entry

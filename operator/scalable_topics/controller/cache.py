@@ -16,7 +16,7 @@ from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
 from ..core.resources import LABEL_TOPIC
 from ..core.sessions import DagMessage, dag_message
-from ..core.transfer import DRAIN_ANNOTATION, SegmentRate
+from ..core.transfer import DRAIN_ANNOTATION, SegmentRate, recorded_broker
 from .brokers import BrokerPod
 
 Key = tuple[str, str]
@@ -30,19 +30,6 @@ def layout_of(topic: Mapping[str, Any]) -> SegmentLayout | None:
         return SegmentLayout.from_metadata(raw)
     except ValueError:
         return None
-
-
-ANNOTATION_BROKER = "scalabletopics.io/broker"
-"""On a Segment: the broker pod chosen for it, written with the Segment itself (before the
-broker is asked to create the segment); ``status.broker`` follows once the broker has it."""
-
-
-def recorded_broker(segment: Mapping[str, Any]) -> str | None:
-    """The broker pod a Segment was placed on (status first, then the creation annotation)."""
-    pod = ((segment.get("status") or {}).get("broker") or {}).get("pod")
-    if not pod:
-        pod = ((segment.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_BROKER)
-    return str(pod) if pod else None
 
 
 def pod_broker(pod: Mapping[str, Any], port: int = 8080, scheme: str = "http") -> BrokerPod | None:

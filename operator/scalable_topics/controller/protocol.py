@@ -48,10 +48,11 @@ from ..core.topicstatus import (
     record_phase,
     roll_back_operation,
 )
+from ..core.transfer import ANNOTATION_BROKER, recorded_broker
 from ..core.wire import Successor
 from . import metrics
 from .brokers import BrokerAdmin, broker_unavailable, choose_broker
-from .cache import ANNOTATION_BROKER, TopicCache, layout_of, recorded_broker
+from .cache import TopicCache, layout_of
 from .faults import crash_after, fault_point
 from .kube import Conflict, KubeApi
 from .status import TypedChange, change_topic_status

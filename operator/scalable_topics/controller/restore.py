@@ -26,8 +26,9 @@ from ..core.resources import (
     segment_name,
     topic_owner_reference,
 )
+from ..core.transfer import ANNOTATION_BROKER, recorded_broker
 from .brokers import BrokerAdmin
-from .cache import ANNOTATION_BROKER, TopicCache, recorded_broker
+from .cache import TopicCache
 from .kube import KubeApi
 
 log = logging.getLogger(__name__)

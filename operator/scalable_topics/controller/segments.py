@@ -17,8 +17,9 @@ from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentInfo, SegmentLayout
 from ..core.rebuild import one_report_each, orphans
 from ..core.resources import ScalableTopicSpec, format_time, segment_name
+from ..core.transfer import recorded_broker
 from .brokers import BrokerAdmin
-from .cache import TopicCache, recorded_broker
+from .cache import TopicCache
 from .kube import KubeApi
 from .protocol import EventSink, OperationExecutor
 from .restore import BrokersUnanswered, broker_reports, write_missing_segments

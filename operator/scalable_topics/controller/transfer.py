@@ -43,10 +43,12 @@ from ..core.transfer import (
     TransferView,
     choose_shed,
     next_action,
+    pods_holding,
+    recorded_broker,
 )
 from ..transferadmin import TransferAdmin, copy
 from .brokers import BrokerAdmin, BrokerPod, choose_broker
-from .cache import TopicCache, recorded_broker
+from .cache import TopicCache
 from .faults import crash_after, fault_point
 from .kube import Conflict, KubeApi
 from .status import change_topic_status
@@ -222,7 +224,8 @@ class TransferExecutor:
     async def drain(self, topic: JsonObj) -> JsonObj:
         """Move every segment of the topic off the cordoned (draining) broker pods, each to
         the least loaded ready broker that is not draining; then announce, once, each
-        draining pod that no Segment names any more (``Drained`` event on the pod)."""
+        draining pod that holds no Segment's log any more (:func:`pods_holding`: placed on it or
+        moving from or to it) with a ``Drained`` event on the pod."""
         meta = topic["metadata"]
         cordoned = {name for name, pod in self.cache.brokers.items() if pod.cordoned}
         self._announced &= cordoned
@@ -254,7 +257,7 @@ class TransferExecutor:
                     continue  # the Segment changed: the next pass looks again
         for pod in sorted(cordoned - self._announced):
             if not any(
-                recorded_broker(s) == pod
+                pod in pods_holding(s)
                 for segments in self.cache.segments.values()
                 for s in segments.values()
             ):

@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = [
+    "ANNOTATION_BROKER",
     "CLOSE_SEGMENT_MOVED",
     "DRAIN_ANNOTATION",
     "ERR_SEGMENT_MOVED",
@@ -60,7 +61,13 @@ __all__ = [
     "moved_fields",
     "moved_to",
     "next_action",
+    "pods_holding",
+    "recorded_broker",
 ]
+
+ANNOTATION_BROKER = "scalabletopics.io/broker"
+"""On a Segment: the broker pod chosen for it, written with the Segment itself (before the
+broker is asked to create the segment); ``status.broker`` follows once the broker has it."""
 
 DRAIN_ANNOTATION = "scalabletopics.io/drain"
 """On a broker pod (``kubectl stopic drain POD``): placement stops choosing it and the leader
@@ -127,6 +134,27 @@ class Action(enum.StrEnum):
     """Destination deletes its copy, which never owned the segment."""
     WAIT = "wait"
     """Nothing safe can be done until a broker comes back."""
+
+
+def recorded_broker(segment: Mapping[str, Any]) -> str | None:
+    """The broker pod a Segment was placed on (status first, then the creation annotation)."""
+    pod = ((segment.get("status") or {}).get("broker") or {}).get("pod")
+    if not pod:
+        pod = ((segment.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_BROKER)
+    return str(pod) if pod else None
+
+
+def pods_holding(segment: Mapping[str, Any]) -> set[str]:
+    """The broker pods that hold a copy of the Segment's log: the one it is placed on and, while
+    a move is in flight, its source and destination. The placement names the destination from
+    the ``Owned`` commit on, but the source deletes its copy only at the release after it, so a
+    drained pod is empty only once no Segment's transfer names it either."""
+    pods = {pod} if (pod := recorded_broker(segment)) else set()
+    transfer = (segment.get("status") or {}).get("transfer") or {}
+    for end in ("source", "destination"):
+        if pod := (transfer.get(end) or {}).get("pod"):
+            pods.add(str(pod))
+    return pods
 
 
 @dataclass(frozen=True)
