@@ -8,7 +8,7 @@
   its build.sh into a cache directory outside the repository): `PublishAsync` with
   `PublishAsyncMaxPending(window)`, file storage, R1, and a pull consumer (Fetch + AckAll).
 
-Both are closed-loop tools: the orchestrator uses them for the capacity probes and the consume
+All are closed-loop tools: the orchestrator uses them for the capacity probes and the consume
 phase; the open-loop latency sweep stays with the load generator (see bench/broker.py). Each
 runs pinned to the client core when there are two, and its CPU comes from wait4
 (`_kafka.run_tool`).
@@ -26,8 +26,9 @@ from typing import Any
 from bench._kafka import ToolRun, run_tool
 from bench._load import ConsumeResult, StepResult
 from bench._procs import CLIENT_CORE, can_pin, ensure_debian_package
+from bench._rabbitmq import bench_command
 
-SYSTEMS = ("nats-go", "redis-native")
+SYSTEMS = ("nats-go", "redis-native", "rabbitmq-stream")
 """The system keys of bench/broker.py that this module drives."""
 NATS_GO_DIR = Path(__file__).resolve().parent / "nats-go"
 REDIS_PIPELINE = 256
@@ -99,6 +100,11 @@ def nats_produce(
     extra = ["-payload", str(payload), "-duration", str(duration), "-warmup", str(warmup)]
     argv = pinned([*nats_args(endpoint, payload, "produce"), *extra, "-window", str(window)])
     run = checked(run_tool(argv, duration + warmup + 120), "nats-bench produce")
+    return windowed_result(run, "bench/nats-go (nats.go PublishAsync)")
+
+
+def windowed_result(run: ToolRun, tool: str) -> StepResult:
+    """The JSON line of a windowed publisher (nats-bench, StreamBench) as a step's result."""
     d = json.loads(run.stdout.strip().splitlines()[-1])
     return StepResult(
         offered=None,
@@ -115,7 +121,7 @@ def nats_produce(
         client_cpu=run.cpu,
         wall=run.wall,
         first_error=d["first_error"] or None,
-        extra={"tool": "bench/nats-go (nats.go PublishAsync)"},
+        extra={"tool": tool},
     )
 
 
@@ -125,6 +131,39 @@ def nats_consume(
     extra = ["-batch", str(batch), "-duration", str(duration)]
     argv = pinned([*nats_args(endpoint, payload, "consume"), *extra])
     run = checked(run_tool(argv, duration + 120), "nats-bench consume")
+    d = json.loads(run.stdout.strip().splitlines()[-1])
+    return ConsumeResult(int(d["received"]), float(d["seconds"]), run.cpu, run.wall)
+
+
+# --- RabbitMQ streams: bench/rabbitmq-stream ------------------------------------------------------
+
+
+def rabbit_stream(payload: int) -> str:
+    return f"native{payload}"
+
+
+def rabbit_reset(endpoint: dict[str, Any], payload: int) -> None:
+    argv = pinned(bench_command(endpoint, "-stream", rabbit_stream(payload), "-mode", "reset"))
+    checked(run_tool(argv, 120), "StreamBench reset")
+
+
+def rabbit_produce(
+    endpoint: dict[str, Any], payload: int, duration: float, warmup: float, window: int
+) -> StepResult:
+    argv = bench_command(
+        endpoint,
+        *("-stream", rabbit_stream(payload), "-mode", "produce", "-payload", str(payload)),
+        *("-duration", str(duration), "-warmup", str(warmup), "-window", str(window)),
+    )
+    run = checked(run_tool(pinned(argv), duration + warmup + 120), "StreamBench produce")
+    return windowed_result(run, "bench/rabbitmq-stream (stream-client, confirms)")
+
+
+def rabbit_consume(endpoint: dict[str, Any], payload: int, duration: float) -> ConsumeResult:
+    argv = bench_command(
+        endpoint, "-stream", rabbit_stream(payload), "-mode", "consume", "-duration", str(duration)
+    )
+    run = checked(run_tool(pinned(argv), duration + 120), "StreamBench consume")
     d = json.loads(run.stdout.strip().splitlines()[-1])
     return ConsumeResult(int(d["received"]), float(d["seconds"]), run.cpu, run.wall)
 

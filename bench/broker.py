@@ -30,10 +30,12 @@ messages, at most `WINDOW` messages in flight. Server and client CPU use are rec
 SubjectAccessReview against a real kube-apiserver), interleaved with `ours` for the cost of it.
 
 NATS and Redis are also driven by their projects' own benchmark clients (`nats-go`,
-`redis-native`: `bench/_native.py`), closed loop, capacity and consume only.
+`redis-native`: `bench/_native.py`), and RabbitMQ streams by its Java stream client
+(`rabbitmq-stream`: `bench/_rabbitmq.py`), closed loop, capacity and consume only.
 
-Set `BENCH_BROKER_SYSTEMS=ours,ours-auth,nats-go,redis-native,nats,redis,kafka,kafka-sync` (any
-subset) to run fewer systems;
+Set `BENCH_BROKER_SYSTEMS` to a subset of
+`ours,ours-auth,nats-go,redis-native,rabbitmq-stream,nats,redis,kafka,kafka-sync` to run fewer
+systems;
 the SDK's own path (`ScalableTopicProducer` over 4 segments to `StreamConsumer`s) is measured
 next to this raw path by `bench/sdk.py`.
 """
@@ -59,7 +61,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import _kafka, _native, _worker
+from bench import _kafka, _native, _rabbitmq, _worker
 from bench._load import ConsumeResult, ConsumeSpec, StepResult, StepSpec
 from bench._peers import NATS_DURABILITY, REDIS_DURABILITY, start_nats, start_redis
 from bench._procs import Server, can_pin, memory_kb
@@ -245,6 +247,13 @@ def _systems() -> list[System]:
             "Redis Streams (redis-benchmark, pipelined XADD)",
             REDIS_DURABILITY,
             _start_redis_native,
+            native=True,
+        ),
+        System(
+            "rabbitmq-stream",
+            "RabbitMQ streams (Java stream client, confirms)",
+            _rabbitmq.DURABILITY,
+            _rabbitmq.start_rabbitmq,
             native=True,
         ),
         System("nats", "NATS JetStream (Python nats-py)", NATS_DURABILITY, start_nats),
@@ -530,6 +539,9 @@ class _NativeRunner(_Runner):
         if self.system.key == "nats-go":
             _native.nats_reset(self.endpoint, payload)
             return
+        if self.system.key == "rabbitmq-stream":
+            _native.rabbit_reset(self.endpoint, payload)
+            return
         _native.redis_reset(self.endpoint, payload)
         calibration = _native.redis_produce(self.endpoint, payload, self.CALIBRATION_REQUESTS)
         self.estimate[payload] = max(1000.0, calibration.achieved)
@@ -541,6 +553,10 @@ class _NativeRunner(_Runner):
             return _native.nats_produce(
                 self.endpoint, spec.payload, spec.duration, spec.warmup, WINDOW
             )
+        if self.system.key == "rabbitmq-stream":
+            return _native.rabbit_produce(
+                self.endpoint, spec.payload, spec.duration, spec.warmup, WINDOW
+            )
         requests = int(self.estimate[spec.payload] * (spec.duration + spec.warmup))
         result = _native.redis_produce(self.endpoint, spec.payload, max(1000, requests))
         self.estimate[spec.payload] = max(1000.0, result.achieved)
@@ -550,6 +566,8 @@ class _NativeRunner(_Runner):
         payload = int(spec.endpoint["run"])
         if self.system.key == "nats-go":
             return _native.nats_consume(self.endpoint, payload, spec.batch, spec.duration)
+        if self.system.key == "rabbitmq-stream":
+            return _native.rabbit_consume(self.endpoint, payload, spec.duration)
         saturation = self.out.runs[payload].saturation or self.estimate.get(payload, 0.0)
         limit = max(_native.REDIS_CONSUME_BATCH, int(saturation * spec.duration))
         return _native.redis_consume(self.endpoint, payload, limit)
@@ -604,7 +622,11 @@ class _Bench:
                         )
                     )
                     runner = _Runner(system, server, pool, endpoint)
-            except (_kafka.KafkaUnavailable, _native.NativeUnavailable) as e:
+            except (
+                _kafka.KafkaUnavailable,
+                _native.NativeUnavailable,
+                _rabbitmq.RabbitUnavailable,
+            ) as e:
                 out = SystemRun(system.key, system.label, system.durability, unavailable=True)
                 out.error = str(e)
                 self.results.append(out)
@@ -1076,6 +1098,7 @@ def _metric(sr: SystemRun | None, payload: int, metric: str) -> float | None:
 PEERS = {
     "nats-go": "JetStream (nats.go)",
     "redis-native": "Redis (redis-benchmark)",
+    "rabbitmq-stream": "RabbitMQ streams (Java client)",
     "nats": "JetStream (nats-py)",
     "redis": "Redis (redis-py)",
     "kafka": "Kafka default",
@@ -1376,9 +1399,11 @@ def run(report: Report, quick: bool) -> None:
             f"AckAll; redis-benchmark -c {_native.REDIS_CONCURRENCY} -P {_native.REDIS_PIPELINE} "
             "XADD (latency per request, its own percentiles, warm-up included), consume = "
             f"XREADGROUP COUNT {_native.REDIS_CONSUME_BATCH} one request at a time without XACK. "
-            "The Python-client rows (nats-py, redis-py) are kept in their own table. RabbitMQ "
-            "streams: not measured (not installed here; its stream benchmark client is Java and "
-            "not packaged)."
+            "RabbitMQ streams: bench/rabbitmq-stream/StreamBench.java on RabbitMQ's Java stream "
+            f"client (maxUnconfirmedMessages({WINDOW}), publisher confirms, a consumer from the "
+            "first offset; its stream-perf-test is not on Maven Central), Debian's "
+            "rabbitmq-server with the rabbitmq_stream plugin. The Python-client rows (nats-py, "
+            "redis-py) are kept in their own table."
         )
     section.note(
         "Pinning: "

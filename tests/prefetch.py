@@ -17,6 +17,7 @@ from typing import Any
 
 from bench._kafka import ensure_kafka
 from bench._procs import ensure_debian_package
+from bench._rabbitmq import ensure_client as ensure_rabbitmq_client
 from scalable_topics.localcluster.controlplane import kube_binary
 from scalable_topics.recommender.s3a import ensure_jars
 
@@ -28,6 +29,11 @@ STEPS: tuple[tuple[str, Callable[[], Any]], ...] = (
     ("MinIO (S3 server of the load-history tests)", minio_binary),
     ("hadoop-aws jars (s3a:// for Spark)", ensure_jars),
     ("Kafka jars (the benchmark's peer)", ensure_kafka),
+    (
+        "Debian rabbitmq-server (the benchmark's peer)",
+        lambda: ensure_debian_package("rabbitmq-server", "rabbitmq-server"),
+    ),
+    ("RabbitMQ stream client (StreamBench.java)", ensure_rabbitmq_client),
     ("Debian prometheus (promtool)", lambda: ensure_debian_package("promtool", PROMETHEUS_PACKAGE)),
 )
 
