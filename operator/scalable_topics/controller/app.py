@@ -433,20 +433,17 @@ class Controller:
         assert self.kube is not None
         started = time.monotonic()
         sync = self.initial_sync
-        listed_once = False
         progress = -1
         while not self._stop.is_set() and not sync.done.is_set():
-            if not listed_once or sync.pending == progress:
+            if not sync.listed or sync.pending == progress:
                 try:
                     uids = await self._listed_uids()
                 except Exception as exc:
                     log.warning("initial sync: listing failed (%s); retrying", exc)
                 else:
-                    if listed_once:
-                        sync.relisted(uids)
-                    else:
-                        sync.expect(uids)
-                        listed_once = True
+                    first = not sync.listed
+                    sync.relisted(uids)
+                    if first:
                         log.info(
                             "initial sync: %d objects listed, %d still to come through the watches",
                             len(uids),

@@ -30,6 +30,11 @@ class InitialSync:
         """Listed objects the watches have not delivered yet (0 before the first listing)."""
         return len(self._pending or ())
 
+    @property
+    def listed(self) -> bool:
+        """A first listing was given (:meth:`expect` or :meth:`relisted`)."""
+        return self._pending is not None
+
     def saw(self, uid: str) -> None:
         """A watch delivered the object ``uid`` (put or deleted)."""
         if self.done.is_set():
