@@ -15,7 +15,8 @@ import itertools
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import pytest
@@ -322,6 +323,52 @@ async def test_new_topics_do_not_list_the_namespaces_segments(stack: Stack) -> N
     assert await _segment_lists_by_namespace(stack) == before
 
 
+MARKER = "test/marker"
+
+
+@contextlib.asynccontextmanager
+async def recorded_writes(
+    stack: Stack, resource: Any, select: Callable[[JsonObj], bool]
+) -> AsyncIterator[Callable[[], Awaitable[dict[str, list[JsonObj]]]]]:
+    """Record every write (ADDED, MODIFIED) of the ``default`` objects of ``resource`` that
+    ``select`` picks, from now on. The context gives ``finish``: it patches a marker annotation
+    on each recorded object and returns the writes of each, the marker's last, once every marker
+    came back. Watch events come in resourceVersion order, so every write made before the marker
+    is in the record: a write counted that way cannot be missed by a watch that lags."""
+    _, since = await stack.api.list(resource, "default")
+    seen: dict[str, list[JsonObj]] = {}
+    marked: set[str] = set()
+    arrived = asyncio.Event()
+
+    async def watch() -> None:
+        async for etype, obj in stack.api.watch(resource, since):
+            if etype not in ("ADDED", "MODIFIED") or not select(obj):
+                continue
+            meta = obj["metadata"]
+            seen.setdefault(meta["name"], []).append(obj)
+            if (meta.get("annotations") or {}).get(MARKER) == "1":
+                marked.add(meta["name"])
+                arrived.set()
+
+    async def finish() -> dict[str, list[JsonObj]]:
+        names = set(seen)
+        for name in names:
+            patch = {"metadata": {"annotations": {MARKER: "1"}}}
+            await stack.api.patch(resource, "default", name, patch)
+        async with asyncio.timeout(30):
+            while not names <= marked:
+                arrived.clear()
+                await arrived.wait()
+        return {name: seen[name] for name in names}
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield finish
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+
+
 async def test_a_new_topic_is_two_status_writes(stack: Stack) -> None:
     """A new topic is written twice: its first layout (before any Segment exists, which the
     lost-status rule needs), then Ready, which already carries the consumer hub's subscription
@@ -329,27 +376,12 @@ async def test_a_new_topic_is_two_status_writes(stack: Stack) -> None:
     follow find them there and write nothing (issue 17: each was one more topic status write,
     the costliest request of a new topic at the API server)."""
     name = "two-writes"
-    _, since = await stack.api.list(TOPICS, "default")
     body = topic_body(
         name,
         segments=2,
         subscriptions=[{"name": "billing", "type": "Stream"}, {"name": "jobs", "type": "Queue"}],
     )
-    seen: list[JsonObj] = []
-    marked = asyncio.Event()
-
-    async def watch() -> None:
-        async for etype, obj in stack.api.watch(
-            TOPICS, since, field_selector=f"metadata.name={name}"
-        ):
-            if etype in ("ADDED", "MODIFIED"):
-                seen.append(obj)
-                if (obj["metadata"].get("annotations") or {}).get("test/marker") == "1":
-                    marked.set()
-                    return
-
-    watcher = asyncio.create_task(watch())
-    try:
+    async with recorded_writes(stack, TOPICS, lambda o: o["metadata"]["name"] == name) as finish:
         await stack.api.create(TOPICS, "default", body)
         topic = await stack.wait_ready(name)
         controller_url = topic["status"]["controller"]["url"]
@@ -362,15 +394,7 @@ async def test_a_new_topic_is_two_status_writes(stack: Stack) -> None:
             return (await metric_samples(controller_url)).get(idle, 0.0) >= 1
 
         await eventually(evaluated, 60, f"{name}: the auto-scaler's first evaluation")
-        # Watch events come in resourceVersion order: every write made before this one is
-        # seen before it.
-        await stack.api.patch(
-            TOPICS, "default", name, {"metadata": {"annotations": {"test/marker": "1"}}}
-        )
-        await asyncio.wait_for(marked.wait(), 30)
-    finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+        seen = (await finish())[name]
 
     statuses: list[JsonObj] = [obj.get("status") or {} for obj in seen[:-1]]
     changes = [s for before, s in itertools.pairwise(statuses) if s != before]
@@ -402,28 +426,11 @@ async def test_a_new_segment_is_one_status_write_and_its_idle_broker_adds_none(
     Segment is created and written once (issue 17: the brokers' first zero report of each new
     segment was 2 of the 4 Segment status writes of a new topic)."""
     name = "one-segment-write"
-    _, since = await stack.api.list(SEGMENTS, "default")
-    seen: dict[str, list[JsonObj]] = {}
-    marked = asyncio.Event()
 
-    async def watch() -> None:
-        async for etype, obj in stack.api.watch(SEGMENTS, since):
-            meta = obj["metadata"]
-            if (meta.get("labels") or {}).get(LABEL_TOPIC) != name:
-                continue
-            if etype in ("ADDED", "MODIFIED"):
-                seen.setdefault(meta["name"], []).append(obj)
-            done = [
-                writes
-                for writes in seen.values()
-                if (writes[-1]["metadata"].get("annotations") or {}).get("test/marker") == "1"
-            ]
-            if len(done) == 2:
-                marked.set()
-                return
+    def of_topic(obj: JsonObj) -> bool:
+        return (obj["metadata"].get("labels") or {}).get(LABEL_TOPIC) == name
 
-    watcher = asyncio.create_task(watch())
-    try:
+    async with recorded_writes(stack, SEGMENTS, of_topic) as finish:
         await stack.api.create(
             TOPICS, "default", topic_body(name, segments=2, autoScale={"enabled": False})
         )
@@ -438,14 +445,7 @@ async def test_a_new_segment_is_one_status_write_and_its_idle_broker_adds_none(
             return all(counts[url] >= baseline[url] + 2 for url in brokers)
 
         await eventually(two_passes_each, 60, "two load sampling passes on every broker")
-        for segment in list(seen):
-            await stack.api.patch(
-                SEGMENTS, "default", segment, {"metadata": {"annotations": {"test/marker": "1"}}}
-            )
-        await asyncio.wait_for(marked.wait(), 30)
-    finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+        seen = await finish()
 
     assert len(seen) == 2, sorted(seen)
     for segment, writes in seen.items():
