@@ -23,6 +23,7 @@ none), so it sits with the "ack before fsync" peers.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
@@ -62,7 +63,7 @@ def client_version(pom: Path = POM) -> str:
 
 def ensure_client(pom: Path = POM, cache: Path | None = None) -> tuple[str, Path]:
     """``(java, directory)``: the client's jars in ``directory/lib`` and StreamBench compiled
-    into ``directory/classes`` (resolved and compiled once, then reused)."""
+    into ``directory/classes`` (resolved once; compiled again only when the source changed)."""
     java, javac = shutil.which("java"), shutil.which("javac")
     if not java or not javac:
         raise RabbitUnavailable("java/javac not found (apt-get install openjdk-17-jdk-headless)")
@@ -70,7 +71,7 @@ def ensure_client(pom: Path = POM, cache: Path | None = None) -> tuple[str, Path
     if java_major(r.stderr + r.stdout) < JAVA_MIN:
         raise RabbitUnavailable(f"RabbitMQ's stream client needs Java {JAVA_MIN}+")
     home = (cache or cache_root()) / f"rabbitmq-stream-{client_version(pom)}"
-    source_stamp = str(SOURCE.stat().st_mtime_ns) + ":" + str(SOURCE.stat().st_size)
+    source_stamp = hashlib.sha256(SOURCE.read_bytes()).hexdigest()
     marker = home / "complete"
     if marker.exists() and marker.read_text().strip() == source_stamp:
         return java, home
