@@ -753,7 +753,7 @@ def _step_row(s: Step, payload: int) -> list[Cell]:
         _ms(r.max_ms),
         f"{s.server_cpu:.0%}",
         f"{s.client_cpu:.0%}",
-        _ms(r.gen_lag_p99_ms),
+        f"{_cell_ms(r.gen_lag_p99_ms)} / {_cell_ms(r.gen_lag_max_ms)}",
         s.flag or "-",
     ]
 
@@ -769,7 +769,7 @@ STEP_COLUMNS = [
     "max ms",
     "server CPU",
     "client CPU",
-    "gen lag p99 ms",
+    "gen lag p99 / max ms",
     "flag",
 ]
 
