@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._procs import CLIENT_CORE, Server, can_pin, free_port, start_server, tcp_open
+from scalable_topics.recommender.s3a import MavenMissing, resolve_into
 
 # The same Maven resolution (cache layout, copy-dependencies) as the recommender's s3a jars.
 from scalable_topics.recommender.s3a import cache_root as cache_root
@@ -151,24 +152,20 @@ def ensure_kafka(pom: Path = POM, cache: Path | None = None) -> Install:
     lib = home / "lib"
     marker = home / "complete"
     if not marker.exists():
-        mvn = shutil.which("mvn")
-        if not mvn:
+        print(f"[bench] kafka: resolving Kafka {version} with Maven into {lib}", flush=True)
+        try:
+            resolve_into(
+                pom,
+                lib,
+                (cache or cache_root()) / "m2",
+                timeout=1200,
+                check=lambda names: check_jars(names, version, log4j),
+            )
+        except MavenMissing:
             raise KafkaUnavailable(
                 f"mvn not found: Kafka {version}'s jars come from Maven Central through Maven "
                 "(apt-get install maven)"
-            )
-        staging = home / "lib.partial"
-        shutil.rmtree(staging, ignore_errors=True)
-        print(f"[bench] kafka: resolving Kafka {version} with Maven into {lib}", flush=True)
-        cmd = resolve_command(mvn, pom, staging, (cache or cache_root()) / "m2")
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False)
-        if res.returncode != 0:
-            raise RuntimeError(
-                f"mvn failed ({res.returncode}):\n{(res.stdout + res.stderr)[-3000:]}"
-            )
-        check_jars(sorted(p.name for p in staging.iterdir()), version, log4j)
-        shutil.rmtree(lib, ignore_errors=True)
-        staging.rename(lib)
+            ) from None
         marker.write_text(version + "\n")
     check_jars(sorted(p.name for p in lib.iterdir()), version, log4j)
     return Install(version, java, lib)

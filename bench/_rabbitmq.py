@@ -33,7 +33,7 @@ from typing import Any
 
 from bench._kafka import java_major
 from bench._procs import Server, ensure_debian_package, free_port, start_server, tcp_open
-from scalable_topics.recommender.s3a import cache_root, resolve_command
+from scalable_topics.recommender.s3a import MavenMissing, cache_root, resolve_into
 
 POM = Path(__file__).resolve().parent / "rabbitmq-stream" / "pom.xml"
 SOURCE = POM.parent / "StreamBench.java"
@@ -77,19 +77,13 @@ def ensure_client(pom: Path = POM, cache: Path | None = None) -> tuple[str, Path
         return java, home
     lib = home / "lib"
     if not lib.is_dir():
-        mvn = shutil.which("mvn")
-        if not mvn:
-            raise RabbitUnavailable("mvn not found: the stream client comes from Maven Central")
-        staging = home / "lib.partial"
-        shutil.rmtree(staging, ignore_errors=True)
         print(f"[bench] rabbitmq: resolving the stream client with Maven into {lib}", flush=True)
-        cmd = resolve_command(mvn, pom, staging, (cache or cache_root()) / "m2")
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-        if res.returncode != 0:
-            raise RuntimeError(
-                f"mvn failed ({res.returncode}):\n{(res.stdout + res.stderr)[-3000:]}"
-            )
-        staging.rename(lib)
+        try:
+            resolve_into(pom, lib, (cache or cache_root()) / "m2", timeout=900)
+        except MavenMissing:
+            raise RabbitUnavailable(
+                "mvn not found: the stream client comes from Maven Central"
+            ) from None
     classes = home / "classes"
     shutil.rmtree(classes, ignore_errors=True)
     res = subprocess.run(

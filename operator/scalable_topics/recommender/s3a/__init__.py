@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 POM = Path(__file__).resolve().parent / "pom.xml"
@@ -75,6 +75,35 @@ def resolve_command(mvn: str, pom: Path, out: Path, repo: Path) -> list[str]:
     ]
 
 
+class MavenMissing(RuntimeError):
+    """``mvn`` is not on PATH: jars from Maven Central cannot be resolved here."""
+
+
+def resolve_into(
+    pom: Path,
+    lib: Path,
+    repo: Path,
+    *,
+    timeout: float,
+    check: Callable[[list[str]], None] = lambda names: None,
+) -> None:
+    """``pom``'s runtime jars into ``lib``, Maven's repository at ``repo``: resolved into
+    ``lib.partial`` and renamed only once ``check`` accepted the jar names, so that an
+    interrupted or refused resolution never leaves a ``lib`` that looks complete."""
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise MavenMissing("mvn not found")
+    staging = lib.with_name(lib.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    cmd = resolve_command(mvn, pom, staging, repo)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"mvn failed ({res.returncode}):\n{(res.stdout + res.stderr)[-3000:]}")
+    check(sorted(p.name for p in staging.iterdir()))
+    shutil.rmtree(lib, ignore_errors=True)
+    staging.rename(lib)
+
+
 def check_jars(names: Sequence[str], version: str) -> None:
     missing = [] if f"hadoop-aws-{version}.jar" in names else [f"hadoop-aws-{version}.jar"]
     if not any(n.startswith("bundle-") for n in names):
@@ -96,24 +125,24 @@ def ensure_jars(pom: Path = POM, cache: Path | None = None) -> list[Path]:
     lib = home / "lib"
     marker = home / "complete"
     if not marker.exists():
-        mvn = shutil.which("mvn")
-        if not mvn:
+        print(f"resolving hadoop-aws {version} with Maven into {lib}", file=sys.stderr, flush=True)
+        try:
+            resolve_into(
+                pom,
+                lib,
+                root / "m2",
+                timeout=1800,
+                check=lambda names: check_jars(names, version),
+            )
+        except MavenMissing:
             raise JarsUnavailable(
                 "mvn not found: the s3a jars come from Maven Central through Maven "
                 "(apt-get install maven), or bake them into the image's pyspark/jars"
-            )
-        staging = home / "lib.partial"
-        shutil.rmtree(staging, ignore_errors=True)
-        print(f"resolving hadoop-aws {version} with Maven into {lib}", file=sys.stderr, flush=True)
-        cmd = resolve_command(mvn, pom, staging, root / "m2")
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
-        if res.returncode != 0:
-            raise JarsUnavailable(
-                f"mvn failed ({res.returncode}):\n{(res.stdout + res.stderr)[-3000:]}"
-            )
-        check_jars(sorted(p.name for p in staging.iterdir()), version)
-        shutil.rmtree(lib, ignore_errors=True)
-        staging.rename(lib)
+            ) from None
+        except RuntimeError as exc:
+            if isinstance(exc, JarsUnavailable):
+                raise
+            raise JarsUnavailable(str(exc)) from None
         marker.write_text(version + "\n")
     jars = sorted(lib.glob("*.jar"))
     check_jars([p.name for p in jars], version)
