@@ -19,6 +19,7 @@ import java.util.Arrays;
 import java.util.HashMap;
 import java.util.Locale;
 import java.util.Map;
+import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
@@ -80,7 +81,7 @@ public class StreamBench {
     AtomicLong acked = new AtomicLong();
     AtomicLong errors = new AtomicLong();
     AtomicLong lastAck = new AtomicLong();
-    AtomicLong outstanding = new AtomicLong();
+    Semaphore unconfirmed = new Semaphore(window);
     AtomicReference<String> first = new AtomicReference<>("");
     long start = System.nanoTime();
     long measureFrom = start + warmup;
@@ -97,7 +98,7 @@ public class StreamBench {
       }
       byte[] body = template.clone();
       ByteBuffer.wrap(body).putLong(now);
-      outstanding.incrementAndGet();
+      unconfirmed.acquire();
       producer.send(producer.messageBuilder().addData(body).build(), (ConfirmationStatus st) -> {
         long at = System.nanoTime();
         long sentAt = ByteBuffer.wrap(st.getMessage().getBodyAsBinary()).getLong();
@@ -112,16 +113,13 @@ public class StreamBench {
             latUs[i] = (int) Math.min(Integer.MAX_VALUE, (at - sentAt) / 1000);
           }
         }
-        outstanding.decrementAndGet();
+        unconfirmed.release();
       });
       if (now >= measureFrom) {
         sent++;
       }
     }
-    long waitUntil = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
-    while (outstanding.get() > 0 && System.nanoTime() < waitUntil) {
-      Thread.sleep(1);
-    }
+    unconfirmed.tryAcquire(window, 30, TimeUnit.SECONDS);  // every confirmation is in
     producer.close();
     double seconds = (lastAck.get() - measureFrom) / 1e9;
     if (seconds <= 0) {
