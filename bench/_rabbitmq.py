@@ -70,7 +70,8 @@ def ensure_client(pom: Path = POM, cache: Path | None = None) -> tuple[str, Path
     r = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
     if java_major(r.stderr + r.stdout) < JAVA_MIN:
         raise RabbitUnavailable(f"RabbitMQ's stream client needs Java {JAVA_MIN}+")
-    home = (cache or cache_root()) / f"rabbitmq-stream-{client_version(pom)}"
+    root = cache or cache_root()
+    home = root / f"rabbitmq-stream-{client_version(pom)}"
     source_stamp = hashlib.sha256(SOURCE.read_bytes()).hexdigest()
     marker = home / "complete"
     if marker.exists() and marker.read_text().strip() == source_stamp:
@@ -79,7 +80,7 @@ def ensure_client(pom: Path = POM, cache: Path | None = None) -> tuple[str, Path
     if not lib.is_dir():
         print(f"[bench] rabbitmq: resolving the stream client with Maven into {lib}", flush=True)
         try:
-            resolve_into(pom, lib, (cache or cache_root()) / "m2", timeout=900)
+            resolve_into(pom, lib, root / "m2", timeout=900)
         except MavenMissing:
             raise RabbitUnavailable(
                 "mvn not found: the stream client comes from Maven Central"

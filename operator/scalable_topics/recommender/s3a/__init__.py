@@ -139,9 +139,9 @@ def ensure_jars(pom: Path = POM, cache: Path | None = None) -> list[Path]:
                 "mvn not found: the s3a jars come from Maven Central through Maven "
                 "(apt-get install maven), or bake them into the image's pyspark/jars"
             ) from None
-        except RuntimeError as exc:
-            if isinstance(exc, JarsUnavailable):
-                raise
+        except JarsUnavailable:
+            raise
+        except RuntimeError as exc:  # mvn failed
             raise JarsUnavailable(str(exc)) from None
         marker.write_text(version + "\n")
     jars = sorted(lib.glob("*.jar"))
