@@ -5,7 +5,7 @@
   consume = `XREADGROUP ... COUNT <batch>` one request at a time (each one takes the next batch
   of the group), counted as `requests x batch` up to the stream's length.
 - NATS JetStream: `bench/nats-go` (the official nats.go client, pinned in its go.mod, built by
-  its build.sh into a cache directory outside the repository): `PublishAsync` with
+  bench/go-tool-build.sh into a cache directory outside the repository): `PublishAsync` with
   `PublishAsyncMaxPending(window)`, file storage, R1, and a pull consumer (Fetch + AckAll).
 
 All are closed-loop tools: the orchestrator uses them for the capacity probes and the consume
@@ -31,6 +31,7 @@ from bench._rabbitmq import bench_command
 SYSTEMS = ("nats-go", "redis-native", "rabbitmq-stream")
 """The system keys of bench/broker.py that this module drives."""
 NATS_GO_DIR = Path(__file__).resolve().parent / "nats-go"
+GO_TOOL_BUILD = Path(__file__).resolve().parent / "go-tool-build.sh"
 REDIS_PIPELINE = 256
 """`-P`: commands per pipeline, like our batches of up to 256 messages."""
 REDIS_CONCURRENCY = 16
@@ -59,12 +60,13 @@ def checked(run: ToolRun, name: str) -> ToolRun:
 # --- NATS: bench/nats-go ------------------------------------------------------------------------
 
 
-def build_nats_go() -> str:
-    """Path of the built nats-bench binary (bench/nats-go/build.sh; a no-op once built)."""
+def build_go_tool(directory: Path, binary: str) -> str:
+    """Path of a benchmark Go tool built from `directory` (bench/go-tool-build.sh; a no-op once
+    built)."""
     if not shutil.which("go"):
-        raise NativeUnavailable("no Go toolchain (`go`) on PATH to build bench/nats-go")
+        raise NativeUnavailable(f"no Go toolchain (`go`) on PATH to build {directory.name}")
     r = subprocess.run(
-        ["bash", str(NATS_GO_DIR / "build.sh")],
+        ["bash", str(GO_TOOL_BUILD), str(directory), binary],
         capture_output=True,
         text=True,
         timeout=900,
@@ -72,8 +74,13 @@ def build_nats_go() -> str:
     )
     lines = r.stdout.strip().splitlines()
     if r.returncode != 0 or not lines or not Path(lines[-1]).is_file():
-        raise NativeUnavailable(f"bench/nats-go/build.sh failed: {r.stderr[-1500:]}")
+        raise NativeUnavailable(f"building bench/{directory.name} failed: {r.stderr[-1500:]}")
     return lines[-1]
+
+
+def build_nats_go() -> str:
+    """Path of the built nats-bench binary."""
+    return build_go_tool(NATS_GO_DIR, "nats-bench")
 
 
 def nats_args(endpoint: dict[str, Any], payload: int, mode: str) -> list[str]:

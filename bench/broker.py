@@ -31,11 +31,14 @@ SubjectAccessReview against a real kube-apiserver), interleaved with `ours` for 
 
 NATS and Redis are also driven by their projects' own benchmark clients (`nats-go`,
 `redis-native`: `bench/_native.py`), and RabbitMQ streams by its Java stream client
-(`rabbitmq-stream`: `bench/_rabbitmq.py`), closed loop, capacity and consume only.
+(`rabbitmq-stream`: `bench/_rabbitmq.py`), closed loop, capacity and consume only. Our broker
+is driven by a Go client of its protocol as well (`ours-go`: `bench/_ours_go.py`, every phase,
+open loop included); that row is ours in the comparisons and the targets, and the Python load
+generator's row (`ours`) is kept next to it, as the peers' Python rows are.
 
 Set `BENCH_BROKER_SYSTEMS` to a subset of
-`ours,ours-auth,nats-go,redis-native,rabbitmq-stream,nats,redis,kafka,kafka-sync` to run fewer
-systems;
+`ours-go,ours,ours-auth,nats-go,redis-native,rabbitmq-stream,nats,redis,kafka,kafka-sync` to run
+fewer systems;
 the SDK's own path (`ScalableTopicProducer` over 4 segments to `StreamConsumer`s) is measured
 next to this raw path by `bench/sdk.py`.
 """
@@ -61,7 +64,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import _kafka, _native, _rabbitmq, _worker
+from bench import _kafka, _native, _ours_go, _rabbitmq, _worker
 from bench._load import ConsumeResult, ConsumeSpec, StepResult, StepSpec
 from bench._peers import NATS_DURABILITY, REDIS_DURABILITY, start_nats, start_redis
 from bench._procs import Server, can_pin, memory_kb
@@ -184,6 +187,8 @@ class System:
     native: bool = False
     """Driven by its project's own closed-loop benchmark client (`bench/_native.py`): capacity
     probes and consume only, no open-loop steps."""
+    go_client: bool = False
+    """Our broker driven by `bench/ours-go` (all phases, open loop included)."""
 
 
 @dataclass
@@ -220,8 +225,17 @@ def _systems() -> list[System]:
     kafka = _kafka.SharedKafka()
     every = [
         System(
+            "ours-go",
+            "segment broker (Go client)",
+            _ours.DURABILITY,
+            _ours_go.start_ours_go,
+            _ours.fsync_stats,
+            _ours.fsync_delta,
+            go_client=True,
+        ),
+        System(
             "ours",
-            "segment broker",
+            "segment broker (Python client)",
             _ours.DURABILITY,
             _ours.start_ours,
             _ours.fsync_stats,
@@ -573,6 +587,33 @@ class _NativeRunner(_Runner):
         return _native.redis_consume(self.endpoint, payload, limit)
 
 
+class _OursGoRunner(_Runner):
+    """Our broker driven by segment-bench (`bench/_ours_go.py`), one process per step on the
+    client core, in every phase: the same frames as the Python load generator sends, from a
+    client that leaves the measurement to the broker."""
+
+    def __init__(self, system: System, server: Server, endpoint: dict[str, Any]) -> None:
+        super().__init__(system, server, None, endpoint)
+
+    def _reset(self, payload: int) -> None:
+        _ours_go.reset(self._endpoint(payload))
+
+    def _produce(self, spec: StepSpec) -> StepResult:
+        return _ours_go.produce(
+            spec.endpoint,
+            spec.payload,
+            spec.rate,
+            spec.duration,
+            spec.warmup,
+            spec.batch,
+            spec.window,
+            spec.drain,
+        )
+
+    def _consume(self, spec: ConsumeSpec) -> ConsumeResult:
+        return _ours_go.consume(spec.endpoint, spec.duration)
+
+
 def _disk_fsync_ms(directory: Path, seconds: float = 1.0) -> float:
     """Median latency of a 64 KiB append + fdatasync here: the machine's durability cost now."""
     path = directory / "fsync-probe.bin"
@@ -615,6 +656,8 @@ class _Bench:
                     runner.e2e_records = self.mode.e2e_records
                 elif system.native:
                     runner = _NativeRunner(system, server, endpoint)
+                elif system.go_client:
+                    runner = _OursGoRunner(system, server, endpoint)
                 else:
                     pool = stack.enter_context(
                         ProcessPoolExecutor(
@@ -1105,8 +1148,20 @@ PEERS = {
     "kafka-sync": "Kafka flush=1",
 }
 """Every peer row, short names for the ratio tables: own benchmark clients first."""
-OWN_CLIENT = {"nats": "nats-go", "redis": "redis-native"}
+OWN_CLIENT = {"ours": "ours-go", "nats": "nats-go", "redis": "redis-native"}
 """Python-client row -> the same server driven by its project's own benchmark client."""
+CLIENT_NAMES = {
+    **PEERS,
+    "ours-go": "segment broker (Go client)",
+    "ours": "segment broker (Python client)",
+}
+OURS_AT_BEST = ("ours-go", "ours")
+"""Our row in the comparisons and targets: the Go client when it ran (the peers are measured
+through their own native clients too), else the Python load generator."""
+
+
+def _ours_at_best(by: dict[str, SystemRun]) -> SystemRun | None:
+    return next((by[k] for k in OURS_AT_BEST if k in by and by[k].runs), None)
 
 
 def _median_probe(pr: PayloadRun) -> Step | None:
@@ -1166,7 +1221,7 @@ def _best_peer(
             [
                 "payload B",
                 "metric",
-                "segment broker",
+                CLIENT_NAMES.get(ours.key, ours.label) if ours else "segment broker",
                 "best peer",
                 "best peer msg/s",
                 "ours/best",
@@ -1185,10 +1240,10 @@ def _best_peer(
             clients.append(
                 [
                     payload,
-                    PEERS[own_key],
+                    CLIENT_NAMES[own_key],
                     _round(_metric(own, payload, "saturation")),
                     _side(own, payload),
-                    PEERS[py_key],
+                    CLIENT_NAMES[py_key],
                     _round(_metric(py, payload, "saturation")),
                     _side(py, payload),
                     _round(_metric(own, payload, "consume")),
@@ -1197,8 +1252,8 @@ def _best_peer(
             )
     if clients:
         section.table(
-            "Peers through their own benchmark client vs through our Python load generator "
-            "(the Python-client figures of earlier reports)",
+            "Each server through its own benchmark client (ours: bench/ours-go) vs through our "
+            "Python load generator (the Python-client figures of earlier reports)",
             [
                 "payload B",
                 "own client",
@@ -1284,7 +1339,8 @@ def _auth_cost(section: Section, off: SystemRun | None, on: SystemRun | None) ->
 
 def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
     by = {sr.key: sr for sr in runs}
-    ours = by.get("ours")
+    ours = _ours_at_best(by)
+    who = CLIENT_NAMES.get(ours.key, ours.label) if ours else ""
     present = [key for key in PEERS if key in by and by[key].runs]
     rows: list[list[Cell]] = []
     for payload in PAYLOADS:
@@ -1306,7 +1362,7 @@ def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
             [
                 "payload B",
                 "metric",
-                "segment broker",
+                CLIENT_NAMES.get(ours.key, ours.label) if ours else "segment broker",
                 *(c for key in present for c in (PEERS[key], f"ours/{PEERS[key]}")),
             ],
             rows,
@@ -1314,7 +1370,7 @@ def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
     )
     _best_peer(section, by, ours)
 
-    _auth_cost(section, ours, by.get("ours-auth"))
+    _auth_cost(section, by.get("ours"), by.get("ours-auth"))
 
     kb = ours.runs.get(1024) if ours else None
     for peer, name in (("nats", "JetStream"), ("redis", "Redis Streams")):
@@ -1331,7 +1387,7 @@ def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
             section.target(
                 title,
                 ratio >= TARGET_RATIO,
-                f"{kb.saturation:,.0f} vs {pr.saturation:,.0f} msg/s = {ratio:.2f}x",
+                f"{kb.saturation:,.0f} vs {pr.saturation:,.0f} msg/s = {ratio:.2f}x ({who})",
                 f">= {TARGET_RATIO:.1f}x",
             )
         else:
@@ -1340,7 +1396,7 @@ def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
     section.target(
         ">= 150k msg/s at 100 B (saturation)",
         bool(small and small.saturation >= TARGET_100B),
-        f"{small.saturation:,.0f} msg/s" if small and small.probes else "not measured",
+        f"{small.saturation:,.0f} msg/s ({who})" if small and small.probes else "not measured",
         f">= {TARGET_100B:,.0f} msg/s",
     )
     for payload in PAYLOADS:
@@ -1353,7 +1409,7 @@ def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
                 f"p99 <= {bound:.0f} ms at {share} % of saturation, {payload} B",
                 bool(step and step.result.p99_ms <= bound),
                 f"p99 {step.result.p99_ms:.2f} ms at {step.result.achieved:,.0f} msg/s "
-                f"(offered {step.result.offered or 0:,.0f})"
+                f"(offered {step.result.offered or 0:,.0f}; {who})"
                 if step
                 else "not measured",
                 f"<= {bound:.0f} ms",
@@ -1388,7 +1444,10 @@ def run(report: Report, quick: bool) -> None:
         f"Client: one Python process (uvloop) per system; batches of <= {BATCH} messages "
         f"(ours: one entry; Redis: one pipeline; NATS: {BATCH} publish_async calls), <= {WINDOW} "
         "messages in flight. Latency runs from the intended send time to the ack (open loop, "
-        "1 ms ticks; each tick's messages are recorded once with their count: +-0.5 ms)."
+        "1 ms ticks; each tick's messages are recorded once with their count: +-0.5 ms). "
+        "ours-go (bench/ours-go, segment-bench) sends the same frames from Go with the same "
+        "batches, window, ticks and recording, one process per step; its consumer walks every "
+        "message of every entry and acknowledges once per DELIVER frame."
     )
     if any(sr.key in _native.SYSTEMS for sr in runs):
         section.note(

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from bench._kafka import ensure_kafka
+from bench._native import build_go_tool
+from bench._ours_go import TOOL_DIR as SEGMENT_BENCH_DIR
 from bench._procs import ensure_debian_package
 from bench._rabbitmq import ensure_client as ensure_rabbitmq_client
 from scalable_topics.localcluster.controlplane import kube_binary
@@ -34,6 +36,7 @@ STEPS: tuple[tuple[str, Callable[[], Any]], ...] = (
         lambda: ensure_debian_package("rabbitmq-server", "rabbitmq-server"),
     ),
     ("RabbitMQ stream client (StreamBench.java)", ensure_rabbitmq_client),
+    ("segment-bench (bench/ours-go)", lambda: build_go_tool(SEGMENT_BENCH_DIR, "segment-bench")),
     ("Debian prometheus (promtool)", lambda: ensure_debian_package("promtool", PROMETHEUS_PACKAGE)),
 )
 

@@ -1,0 +1,98 @@
+"""Our segment broker driven by `bench/ours-go` (segment-bench, a Go client of the segment
+protocol), as the peers are driven by their projects' own clients (bench/_native.py).
+
+The Python load generator (bench/_ours.py) spends a full core at a few hundred thousand
+messages per second and stalls its own event loop for tens of milliseconds: its latency figures
+measure the generator as much as the broker. segment-bench sends the same frames (one entry of
+up to `BATCH` keyed messages per SEND frame, at most `WINDOW` messages in flight) from a process
+that spends a fraction of that CPU, open loop at a fixed rate or closed loop, and consumes by
+walking every message of every entry. The setup (segment, subscription) is the Python adapter's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from bench._kafka import ToolRun, run_tool
+from bench._load import ConsumeResult, StepResult
+from bench._native import build_go_tool, checked, pinned
+from bench._ours import NAMESPACE, SUBSCRIPTION, TOPIC, OursAdapter, start_ours
+from bench._procs import Server
+
+TOOL_DIR = Path(__file__).resolve().parent / "ours-go"
+TOOL = "bench/ours-go (segment-bench, Go)"
+
+
+def start_ours_go(workdir: Path) -> tuple[Server, dict[str, Any], str]:
+    binary = build_go_tool(TOOL_DIR, "segment-bench")
+    server, endpoint, version = start_ours(workdir)
+    return server, {**endpoint, "segment_bench": binary}, version
+
+
+def reset(endpoint: dict[str, Any]) -> None:
+    asyncio.run(OursAdapter(endpoint).reset())
+
+
+def _args(endpoint: dict[str, Any], mode: str) -> list[str]:
+    return [
+        str(endpoint["segment_bench"]),
+        *("-url", str(endpoint["url"]), "-namespace", NAMESPACE, "-topic", TOPIC),
+        *("-segment", str(int(endpoint.get("run", 0))), "-mode", mode),
+    ]
+
+
+def _run(argv: list[str], timeout: float, what: str) -> ToolRun:
+    return checked(run_tool(pinned(argv), timeout), f"segment-bench {what}")
+
+
+def produce(
+    endpoint: dict[str, Any],
+    payload: int,
+    rate: float | None,
+    duration: float,
+    warmup: float,
+    batch: int,
+    window: int,
+    drain: float = 5.0,
+) -> StepResult:
+    argv = [
+        *_args(endpoint, "produce"),
+        *("-payload", str(payload), "-batch", str(batch), "-window", str(window)),
+        *("-rate", str(rate or 0), "-duration", str(duration), "-warmup", str(warmup)),
+        *("-drain", str(drain)),
+    ]
+    run = _run(argv, duration + drain + 120, "produce")
+    d = json.loads(run.stdout.strip().splitlines()[-1])
+    return StepResult(
+        offered=rate,
+        achieved=float(d["rate"]),
+        sent=int(d["sent"]),
+        acked=int(d["acked"]),
+        errors=int(d["errors"]),
+        unfinished=int(d["unfinished"]),
+        p50_ms=float(d["p50_ms"]),
+        p99_ms=float(d["p99_ms"]),
+        p999_ms=float(d["p999_ms"]),
+        max_ms=float(d["max_ms"]),
+        mean_ms=float(d["mean_ms"]),
+        recorded=int(d["samples"]),
+        client_cpu=run.cpu,
+        wall=run.wall,
+        gen_lag_p99_ms=float(d["gen_lag_p99_ms"]),
+        gen_lag_max_ms=float(d["gen_lag_max_ms"]),
+        first_error=d["first_error"] or None,
+        extra={"tool": TOOL},
+    )
+
+
+def consume(endpoint: dict[str, Any], duration: float, permits: int = 1000) -> ConsumeResult:
+    argv = [
+        *_args(endpoint, "consume"),
+        *("-subscription", SUBSCRIPTION, "-permits", str(permits), "-duration", str(duration)),
+    ]
+    run = _run(argv, duration + 120, "consume")
+    d = json.loads(run.stdout.strip().splitlines()[-1])
+    return ConsumeResult(int(d["received"]), float(d["seconds"]), run.cpu, run.wall)
