@@ -26,21 +26,19 @@ import statistics
 import subprocess
 import time
 import uuid
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench._procs import CLIENT_CORE, Server, can_pin, free_port, start_server, tcp_open
-from scalable_topics.recommender.s3a import MavenMissing, resolve_into
+from scalable_topics.recommender.s3a import MavenMissing, pom_property, resolve_into
 
 # The same Maven resolution (cache layout, copy-dependencies) as the recommender's s3a jars.
 from scalable_topics.recommender.s3a import cache_root as cache_root
 from scalable_topics.recommender.s3a import resolve_command as resolve_command
 
 POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
-_POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 JAVA_MIN = 17
 SERVER_HEAP = "1g"
 TOOL_HEAP = "512m"
@@ -77,23 +75,8 @@ class KafkaUnavailable(RuntimeError):
     """Java or Maven is missing (or too old): the Kafka rows say why, the rest still runs."""
 
 
-def pom_properties(pom: Path = POM) -> dict[str, str]:
-    """The ``<properties>`` of our pom (``kafka.version``, ``log4j.version``)."""
-    root = ET.parse(pom).getroot()
-    props = root.find("m:properties", _POM_NS)
-    if props is None:
-        raise ValueError(f"{pom}: no <properties>")
-    out = {}
-    for child in props:
-        name = child.tag.split("}", 1)[-1]
-        out[name] = (child.text or "").strip()
-    if not re.fullmatch(r"\d+\.\d+\.\d+", out.get("kafka.version", "")):
-        raise ValueError(f"{pom}: kafka.version must be a release like 4.4.0")
-    return out
-
-
 def kafka_version(pom: Path = POM) -> str:
-    return pom_properties(pom)["kafka.version"]
+    return pom_property(pom, "kafka.version", release=True)
 
 
 def java_major(version_output: str) -> int:
@@ -146,8 +129,7 @@ def ensure_kafka(pom: Path = POM, cache: Path | None = None) -> Install:
     major = java_major(r.stderr + r.stdout)
     if major < JAVA_MIN:
         raise KafkaUnavailable(f"java {major} found; Kafka 4 brokers need Java {JAVA_MIN}+")
-    props = pom_properties(pom)
-    version, log4j = props["kafka.version"], props.get("log4j.version", "")
+    version, log4j = kafka_version(pom), pom_property(pom, "log4j.version", release=True)
     home = (cache or cache_root()) / f"kafka-{version}"
     lib = home / "lib"
     marker = home / "complete"

@@ -26,18 +26,16 @@ import contextlib
 import hashlib
 import shutil
 import subprocess
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench._kafka import java_major
 from bench._procs import Server, ensure_debian_package, free_port, start_server, tcp_open
-from scalable_topics.recommender.s3a import MavenMissing, cache_root, resolve_into
+from scalable_topics.recommender.s3a import MavenMissing, cache_root, pom_property, resolve_into
 
 POM = Path(__file__).resolve().parent / "rabbitmq-stream" / "pom.xml"
 SOURCE = POM.parent / "StreamBench.java"
-_POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 JAVA_MIN = 11
 START_SCRIPT = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 DURABILITY = (
@@ -53,12 +51,7 @@ class RabbitUnavailable(RuntimeError):
 
 
 def client_version(pom: Path = POM) -> str:
-    root = ET.parse(pom).getroot()
-    found = root.find("m:properties/m:stream-client.version", _POM_NS)
-    version = (found.text or "").strip() if found is not None else ""
-    if not version:
-        raise ValueError(f"{pom}: no stream-client.version")
-    return version
+    return pom_property(pom, "stream-client.version", release=True)
 
 
 def ensure_client(pom: Path = POM, cache: Path | None = None) -> tuple[str, Path]:

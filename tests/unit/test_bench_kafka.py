@@ -27,7 +27,7 @@ def test_a_pom_without_a_release_version_is_refused(tmp_path: Path) -> None:
         "<kafka.version>LATEST</kafka.version></properties></project>"
     )
     with pytest.raises(ValueError, match=r"kafka\.version"):
-        _kafka.pom_properties(pom)
+        _kafka.kafka_version(pom)
 
 
 @pytest.mark.parametrize(

@@ -41,13 +41,22 @@ def cache_root() -> Path:
     return Path(base) / "scalable-topics"
 
 
-def hadoop_version(pom: Path = POM) -> str:
+def pom_property(pom: Path, name: str, *, release: bool = False) -> str:
+    """The value of ``<properties><name>`` in ``pom``; ``release``: it must be a version like
+    3.5.0 (a pin, not a range or LATEST). One reader for every pom of ours (the s3a jars,
+    Kafka's, RabbitMQ's stream client)."""
     root = ET.parse(pom).getroot()
-    found = root.find("m:properties/m:hadoop.version", _POM_NS)
-    version = (found.text or "").strip() if found is not None else ""
-    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
-        raise ValueError(f"{pom}: hadoop.version must be a release like 3.5.0, got {version!r}")
-    return version
+    found = root.find(f"m:properties/m:{name}", _POM_NS)
+    value = (found.text or "").strip() if found is not None else ""
+    if not value:
+        raise ValueError(f"{pom}: no <properties><{name}>")
+    if release and not re.fullmatch(r"\d+\.\d+\.\d+", value):
+        raise ValueError(f"{pom}: {name} must be a release like 3.5.0, got {value!r}")
+    return value
+
+
+def hadoop_version(pom: Path = POM) -> str:
+    return pom_property(pom, "hadoop.version", release=True)
 
 
 def wheel_hadoop_version() -> str | None:
