@@ -381,14 +381,15 @@ class _Runner:
 
     def _profiler(self, payload: int, kind: str, duration: float) -> subprocess.Popen[bytes] | None:
         """py-spy on our server during the 80 % steps when `BENCH_PROFILE` is set."""
-        if not (os.environ.get("BENCH_PROFILE") and self.system.key == "ours" and kind == "80%"):
+        profiled = self.system.key in OURS_AT_BEST
+        if not (os.environ.get("BENCH_PROFILE") and profiled and kind == "80%"):
             return None
         spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         if not Path(spy).exists() or self.profile_dir is None:
             print("[bench] BENCH_PROFILE: py-spy not found (pip install py-spy)", flush=True)
             return None
         self.profile_dir.mkdir(parents=True, exist_ok=True)
-        out = self.profile_dir / f"profile-ours-{payload}B.txt"
+        out = self.profile_dir / f"profile-{self.system.key}-{payload}B.txt"
         self.profiles[payload] = out
         cmd = [
             spy,
@@ -1098,7 +1099,7 @@ def _stage_table(section: Section, runs: list[SystemRun]) -> None:
         )
 
 
-def _profile_table(section: Section, path: Path, payload: int, top: int = 15) -> None:
+def _profile_table(section: Section, path: Path, payload: int, label: str, top: int = 15) -> None:
     """Self and inclusive shares of the hottest frames in a py-spy raw (collapsed) profile."""
     if not path.exists():
         return
@@ -1122,7 +1123,7 @@ def _profile_table(section: Section, path: Path, payload: int, top: int = 15) ->
         for f, n in sorted(leaf.items(), key=lambda kv: -kv[1])[:top]
     ]
     section.table(
-        f"Segment broker profile at 80 % of saturation, {payload} B "
+        f"{label}: profile at 80 % of saturation, {payload} B "
         f"(py-spy, {total} samples, GIL-holding and I/O threads; raw stacks in {path.name})",
         ["self", "inclusive", "frame"],
         rows,
@@ -1438,7 +1439,7 @@ def run(report: Report, quick: bool) -> None:
         section.table("Systems not measured (and why)", ["system", "reason"], missing)
     for runner in bench.all_runners:
         for payload, path in runner.profiles.items():
-            _profile_table(section, path, payload)
+            _profile_table(section, path, payload, runner.out.label)
     _ratios_and_targets(section, runs)
     section.note(
         f"Client: one Python process (uvloop) per system; batches of <= {BATCH} messages "
