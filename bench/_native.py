@@ -110,15 +110,19 @@ def nats_produce(
     return windowed_result(run, "bench/nats-go (nats.go PublishAsync)")
 
 
-def windowed_result(run: ToolRun, tool: str) -> StepResult:
-    """The JSON line of a windowed publisher (nats-bench, StreamBench) as a step's result."""
+def windowed_result(run: ToolRun, tool: str, offered: float | None = None) -> StepResult:
+    """The JSON line of a windowed publisher (nats-bench, StreamBench, segment-bench) as a
+    step's result; `unfinished` and the generator's tick lag are segment-bench's alone."""
     d = json.loads(run.stdout.strip().splitlines()[-1])
     return StepResult(
-        offered=None,
+        offered=offered,
         achieved=float(d["rate"]),
         sent=int(d["sent"]),
         acked=int(d["acked"]),
         errors=int(d["errors"]),
+        unfinished=int(d.get("unfinished", 0)),
+        gen_lag_p99_ms=float(d.get("gen_lag_p99_ms", 0.0)),
+        gen_lag_max_ms=float(d.get("gen_lag_max_ms", 0.0)),
         p50_ms=float(d["p50_ms"]),
         p99_ms=float(d["p99_ms"]),
         p999_ms=float(d["p999_ms"]),

@@ -18,7 +18,7 @@ from typing import Any
 
 from bench._kafka import ToolRun, run_tool
 from bench._load import ConsumeResult, StepResult
-from bench._native import build_go_tool, checked, pinned
+from bench._native import build_go_tool, checked, pinned, windowed_result
 from bench._ours import NAMESPACE, SUBSCRIPTION, TOPIC, OursAdapter, start_ours
 from bench._procs import Server
 
@@ -65,27 +65,7 @@ def produce(
         *("-drain", str(drain)),
     ]
     run = _run(argv, duration + drain + 120, "produce")
-    d = json.loads(run.stdout.strip().splitlines()[-1])
-    return StepResult(
-        offered=rate,
-        achieved=float(d["rate"]),
-        sent=int(d["sent"]),
-        acked=int(d["acked"]),
-        errors=int(d["errors"]),
-        unfinished=int(d["unfinished"]),
-        p50_ms=float(d["p50_ms"]),
-        p99_ms=float(d["p99_ms"]),
-        p999_ms=float(d["p999_ms"]),
-        max_ms=float(d["max_ms"]),
-        mean_ms=float(d["mean_ms"]),
-        recorded=int(d["samples"]),
-        client_cpu=run.cpu,
-        wall=run.wall,
-        gen_lag_p99_ms=float(d["gen_lag_p99_ms"]),
-        gen_lag_max_ms=float(d["gen_lag_max_ms"]),
-        first_error=d["first_error"] or None,
-        extra={"tool": TOOL},
-    )
+    return windowed_result(run, TOOL, offered=rate)
 
 
 def consume(endpoint: dict[str, Any], duration: float, permits: int = 1000) -> ConsumeResult:
