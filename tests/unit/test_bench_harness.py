@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from bench import broker
 from bench import run as bench_run
-from bench._load import Consumer, StepSpec, produce_step
+from bench._load import Consumer, StepResult, StepSpec, produce_step
 from bench._ours import fsync_delta
+from bench._procs import Server
 from bench.report import Report
 
 
@@ -140,3 +144,30 @@ def test_fsync_delta_from_prometheus_histogram() -> None:
     assert d["fsyncP99LeMs"] == float("inf")  # only 98 of 100 are <= 10 ms
     after["le=0.01"] = 109.0
     assert fsync_delta(before, after, 2.0)["fsyncP99LeMs"] == 10.0
+
+
+def test_a_probe_without_acks_in_its_window_is_not_a_capacity_and_runs_again(
+    tmp_path: Path,
+) -> None:
+    results = [
+        StepResult(offered=None, achieved=0.0, sent=4096, acked=4096, wall=2.0),
+        StepResult(offered=None, achieved=50_000.0, sent=90_000, acked=90_000, wall=2.0),
+    ]
+
+    class Scripted(broker._Runner):
+        def _produce(self, spec: StepSpec) -> StepResult:
+            return results.pop(0)
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        server = Server("idle", proc, tmp_path, tmp_path / "log", 0)
+        system = broker.System("scripted", "scripted", "none", lambda _: (server, {}, ""))
+        runner = Scripted(system, server, None, {})
+        runner.out.runs[100] = broker.PayloadRun(100)
+        step = runner.produce(100, None, "probe", broker.QUICK)
+        assert step.result.achieved == 50_000.0 and not results
+        assert [s.result.achieved for s in runner.out.runs[100].probes] == [50_000.0]
+        assert runner.out.runs[100].saturation == 50_000.0
+    finally:
+        proc.kill()
+        proc.wait()
