@@ -168,7 +168,16 @@ async def test_move_survives_a_leader_crash_after_each_step(stack: Stack, point:
         entries = before["lastPosition"] + 1 + len(writable)
 
         fresh = await start(stack, f"fresh-{point}")
-        topic = await stack.wait_request(TOPIC, request_id, within=90)
+        try:
+            topic = await stack.wait_request(TOPIC, request_id, within=90)
+        except AssertionError as exc:
+            # One CI run had the request unfinished after 90 s with nothing else to read.
+            topic_status = ((await stack.topic(TOPIC)) or {}).get("status")
+            segment_status = (await stack.segments(TOPIC))[SID].get("status")
+            raise AssertionError(
+                f"{exc}\ntopic status: {topic_status}\nsegment status: {segment_status}\n"
+                f"fresh leader's log:\n{fresh.log()[-4000:]}"
+            ) from None
         assert topic["status"]["lastRequest"]["result"] == "Succeeded", (
             topic["status"],
             fresh.log()[-3000:],
