@@ -108,8 +108,14 @@ class ConsumerConnection(Connection):
 
     # ConsumerSink
     def deliver(self, items: list[tuple[int, int, Any]]) -> None:
+        partial = self.dispatcher.cursor.partial if self.dispatcher is not None else None
         for i in range(0, len(items), MAX_DELIVER_ITEMS):
-            self.out.append(wire.encode_deliver(items[i : i + MAX_DELIVER_ITEMS]))
+            chunk = items[i : i + MAX_DELIVER_ITEMS]
+            if partial and self.version >= 4:
+                acked = {pos: partial[pos] for pos, _, _ in chunk if pos in partial}
+                if acked:
+                    self.out.append(wire.encode_acked_indexes(acked))
+            self.out.append(wire.encode_deliver(chunk))
         self.out_event.set()
 
     def end_of_segment(self, last_position: int) -> None:
@@ -135,6 +141,10 @@ class ConsumerConnection(Connection):
         try:
             if kind == wire.FRAME_FLOW:
                 disp.flow(consumer, wire.decode_flow(data))
+            elif kind == wire.FRAME_ACK and wire.is_partial_ack(data):
+                if self.version < 4:
+                    raise protocol_error("bad_ack", "partial ACKs need protocol version 4")
+                disp.ack_partial(wire.decode_partial_ack(data))
             elif kind == wire.FRAME_ACK:
                 cumulative, positions = wire.decode_ack(data)
                 disp.ack(consumer, positions, cumulative)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from scalable_topics.core.subscriptions import BrokerSubscriptionType
@@ -265,6 +265,14 @@ class Dispatcher:
         if self.segment.seal is not None or self.segment.corruption is not None:
             self.schedule()
 
+    def ack_partial(self, partial: Mapping[int, frozenset[int]]) -> None:
+        """Batch-index acknowledgement (protocol v4): the entries stay unacknowledged."""
+        last = self.segment.visible_position
+        if max(partial) > last:
+            raise DispatchError("ProtocolError", f"ack beyond the last position {last}")
+        for position, indexes in partial.items():
+            self.cursor.ack_partial(position, indexes)
+
     def nack(self, consumer: Consumer, positions: Sequence[int]) -> None:
         self._requeue(consumer, [p for p in positions if p in consumer.pending])
         self.schedule()
@@ -474,6 +482,7 @@ class Dispatcher:
             "backlog": self.segment.backlog(self.cursor),
             "drained": self.segment.drained(self.cursor),
             "parked": self.parked,
+            "partiallyAcked": len(self.cursor.partial),
             "consumers": [
                 {
                     "name": c.name,

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from scalable_topics.client.segment import (
@@ -20,6 +21,7 @@ from scalable_topics.client.segment import (
     SegmentSealedError,
     Successor,
 )
+from scalable_topics.core import wire
 from scalable_topics.core.buckets import bucket_of
 from scalable_topics.core.hashing import bucket_hash
 from scalable_topics.core.wire import Message
@@ -178,6 +180,70 @@ async def test_cursor_survives_restart_and_unacked_entries_are_redelivered(
         assert [i.position for i in items] == [4, 5, 7, 9]
         assert all(i.redelivery_count == 0 for i in items)
         await consumer.close()
+
+
+async def _take_items(consumer: SegmentConsumer, n: int) -> list[ReceivedEntry]:
+    items: list[ReceivedEntry] = []
+    async with asyncio.timeout(20):
+        while len(items) < n:
+            item = await consumer.receive()
+            assert item is not None
+            items.append(item)
+    return items
+
+
+async def test_a_partly_acknowledged_entry_is_redelivered_with_its_acked_indexes(
+    tmp_path: Path,
+) -> None:
+    """Protocol v4: a consumer leaving in the middle of an entry acknowledges the messages it
+    processed by batch index; the entry's next consumer is told to skip them (ACKED_INDEXES),
+    after a broker restart too, and the record goes once the entry is acknowledged."""
+    three = [Message(value=b"m%d" % i, key=b"k%d" % i) for i in range(3)]
+    async with running_broker(tmp_path) as rb, SegmentAdmin(rb.url) as admin:
+        await admin.create_segment(NS, TOPIC, 0, 0, 0xFFFF, subscriptions={"s": "Exclusive"})
+        await _produce(rb.url, [three, [Message(value=b"single")]])
+        first = await SegmentConsumer.connect(rb.url, NS, TOPIC, 0, "s", "c1", permits=10)
+        assert first.version == wire.PROTOCOL_VERSION == 4
+        assert [i.acked for i in await _take_items(first, 2)] == [frozenset(), frozenset()]
+        first.ack_partial({0: [0]})
+        await first.close()
+
+        second = await SegmentConsumer.connect(rb.url, NS, TOPIC, 0, "s", "c2", permits=10)
+        items = await _take_items(second, 2)
+        assert [(i.position, i.acked) for i in items] == [(0, {0}), (1, frozenset())]
+        assert (await _sub(admin, "s"))["partiallyAcked"] == 1
+        second.ack_partial({0: [1], 1: [0]})
+        await second.close()
+
+        # a version 3 peer gets the entry whole, and may not send a partial ack
+        async with (
+            aiohttp.ClientSession() as http,
+            http.ws_connect(f"{rb.url}/ws/v1/consume/{NS}/{TOPIC}/0/s") as ws,
+        ):
+            await ws.send_bytes(wire.encode_hello(3, {"consumerName": "old", "permits": 10}))
+            hello_ok = await ws.receive()
+            assert wire.decode_hello_ok(hello_ok.data)[0] == 3
+            deliver = await ws.receive()
+            assert deliver.data[0] == wire.FRAME_DELIVER, "no ACKED_INDEXES to a v3 consumer"
+            assert [d.position for d in wire.decode_deliver(deliver.data)] == [0, 1]
+            await ws.send_bytes(wire.encode_partial_ack({0: [2]}))
+            error = await ws.receive()
+            assert wire.decode_json_frame(error.data)["code"] == wire.ERR_PROTOCOL
+            await ws.receive()
+            assert ws.close_code == wire.CLOSE_PROTOCOL_ERROR
+
+    async with running_broker(tmp_path) as rb, SegmentAdmin(rb.url) as admin:
+        third = await SegmentConsumer.connect(rb.url, NS, TOPIC, 0, "s", "c3", permits=10)
+        items = await _take_items(third, 2)
+        assert [(i.position, i.acked) for i in items] == [(0, {0, 1}), (1, {0})]
+        third.ack_many([0, 1])
+
+        async def settled() -> bool:
+            sub = await _sub(admin, "s")
+            return bool(sub["ackFloor"] == 2 and sub["partiallyAcked"] == 0)
+
+        await _eventually(settled)
+        await third.close()
 
 
 async def test_exclusive_subscription_refuses_a_second_consumer(tmp_path: Path) -> None:

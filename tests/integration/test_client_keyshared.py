@@ -521,3 +521,60 @@ async def test_a_new_leader_keeps_the_bucket_owners_of_the_old_one(
             await consumer.close()
         await standby.stop()
         await env.close()
+
+
+@pytest.mark.parametrize("sharers", [1, 2], ids=["whole-segment", "buckets"])
+async def test_a_consumer_leaving_in_the_middle_of_an_entry_hands_on_only_the_rest(
+    operator: OperatorReplica, brokers: list[BrokerProcess], sharers: int
+) -> None:
+    """A stream consumer that acknowledges the first message of a three-message entry and
+    closes (a clean leave: scaling down) acknowledges that message by batch index (protocol
+    v4); the entry's next reader gets the other two and the next entry, never the first
+    again. The key-shared chaos run once caught that duplicate: the entry went back whole."""
+    env = TopicEnv(
+        operator,
+        [b.url for b in brokers],
+        NS,
+        f"mid-entry-{sharers}",
+        subscriptions={SUB: "Stream"},
+        bucket_budget=sharers,
+    )
+    await env.create(1)
+    leaver = StreamConsumer(env.service_url, NS, env.topic, SUB, "leaver", permits=8)
+    heir = StreamConsumer(env.service_url, NS, env.topic, SUB, "heir", permits=8)
+    try:
+        await leaver.start()
+        bucket = 0
+        if sharers == 2:
+            await heir.start()
+            await eventually(lambda: len(set(_coordinator(env).unit_owners().values())) == 2)
+            owners = _coordinator(env).unit_owners()
+            bucket = next(b for (_, b), name in owners.items() if name == "leaver")
+        keys = [
+            k for k in (f"k{i}" for i in range(200)) if bucket_of(bucket_hash(k), sharers) == bucket
+        ]
+        async with ScalableTopicProducer(env.service_url, NS, env.topic, linger_ms=50) as producer:
+            await (await producer.send_many([b"a0", b"a1", b"a2"], keys[:3]))
+            first = await asyncio.wait_for(leaver.receive(), 20)
+            assert (first.value, first.batch_index, first.batch_size) == (b"a0", 0, 3)
+            await leaver.ack(first)
+            await leaver.close()
+            if sharers == 1:
+                await heir.start()
+            await (await producer.send_many([b"b0"], keys[3:4]))
+            rest = [await asyncio.wait_for(heir.receive(), 20) for _ in range(3)]
+        assert [(m.value, m.batch_index) for m in rest] == [(b"a1", 1), (b"a2", 2), (b"b0", 0)]
+        assert rest[0].position == first.position and rest[0].redelivery_count == 1
+        for message in rest:
+            await heir.ack(message)
+
+
+        async def settled() -> bool:
+            sub = (await env.stats(0))["subscriptions"][SUB]
+            return bool(sub["backlog"] == 0 and sub["partiallyAcked"] == 0)
+
+        await eventually(settled)
+    finally:
+        await leaver.close()
+        await heir.close()
+        await env.close()

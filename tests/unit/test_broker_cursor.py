@@ -56,3 +56,25 @@ def test_subscription_type_aliases() -> None:
     assert BrokerSubscriptionType.parse("Stream") is BrokerSubscriptionType.EXCLUSIVE
     assert BrokerSubscriptionType.parse("key_shared") is BrokerSubscriptionType.KEY_SHARED
     assert BrokerSubscriptionType.parse("Shared") is BrokerSubscriptionType.QUEUE
+
+
+def test_partial_acks_are_kept_until_the_entry_is_acknowledged_and_persisted() -> None:
+    cur = Cursor(name="s", type=BrokerSubscriptionType.EXCLUSIVE)
+    assert cur.ack_partial(3, frozenset({0}))
+    assert cur.ack_partial(3, frozenset({1, 2}))
+    assert not cur.ack_partial(3, frozenset({1})), "nothing new"
+    assert cur.ack_partial(5, frozenset({4})) and cur.ack_partial(9, frozenset({0}))
+    assert cur.partial == {3: {0, 1, 2}, 5: {4}, 9: {0}}
+    version = cur.version
+    restored = Cursor.from_json(cur.to_json())
+    assert restored.partial == cur.partial and version > 0
+
+    cur.ack(5)
+    assert 5 not in cur.partial and not cur.ack_partial(5, frozenset({7})), "acked whole"
+    cur.ack_cumulative(3)
+    assert cur.partial == {9: {0}}
+    cur.truncate(8)
+    assert cur.partial == {} and "partialAcks" not in cur.to_json()
+    # a stored record of an entry that is acknowledged by now is dropped on load
+    body = cur.to_json() | {"partialAcks": [[2, [0]], [20, [1]], [21, []]]}
+    assert Cursor.from_json(body).partial == {20: {1}}

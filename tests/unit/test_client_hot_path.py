@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from scalable_topics.client.consumers.common import entry_messages
+from scalable_topics.client.consumers.common import _Reader, entry_messages
 from scalable_topics.client.model import MessageId
 from scalable_topics.client.producer import ScalableTopicProducer, _Entry, _Link, _Many, _Out
 from scalable_topics.client.segment import EntryAck, EntryRejectedError, ReceivedEntry
@@ -55,6 +55,22 @@ def test_consumer_messages_carry_every_field_of_the_entry() -> None:
         assert (m.segment_id, m.position, m.batch_index, m.batch_size) == (6, 12, index, 2)
         assert (m.publish_time_ms, m.producer_name, m.redelivery_count) == (99, "prod", 2)
     assert out[0].properties is not out[1].properties
+
+
+def test_messages_a_previous_consumer_acknowledged_are_left_out() -> None:
+    entry = wire.encode_entry("prod", 4, [wire.Message(b"%d" % i) for i in range(4)])
+    out = entry_messages(0, ReceivedEntry(12, 1, entry, frozenset({0, 2})))
+    assert [(m.value, m.batch_index, m.last_in_entry) for m in out] == [
+        (b"1", 1, False),
+        (b"3", 3, True),
+    ]
+
+
+def test_a_reader_reports_what_it_acknowledged_of_unfinished_entries() -> None:
+    reader = _Reader(0, frozenset({1}))
+    reader.started = {5: set(), 6: {0, 1}, 7: set(), 8: {3}}
+    reader.acked_through = {5: 2, 8: 1}
+    assert reader.partial_acks() == {5: {0, 1, 2}, 6: {0, 1}, 8: {0, 1, 3}}
 
 
 def _batch(

@@ -142,6 +142,8 @@ def test_decoders_raise_only_wire_errors(data: bytes) -> None:
         wire.decode_hello,
         wire.decode_end_of_segment,
         wire.decode_json_frame,
+        wire.decode_partial_ack,
+        wire.decode_acked_indexes,
     ):
         with contextlib.suppress(WireError):
             decode(data)
@@ -164,3 +166,38 @@ def test_buckets_done_frame_round_trips_and_rejects_bad_lengths() -> None:
         wire.decode_buckets_done(frame[:9] + b"\x00\x00")  # a count of 0
     with pytest.raises(ValueError):
         wire.encode_buckets_done(41, [])
+
+
+batch_indexes = st.dictionaries(
+    st.integers(0, 2**62), st.frozensets(st.integers(0, 2**32 - 1), min_size=1), min_size=1
+)
+
+
+@given(batch_indexes)
+def test_partial_ack_and_acked_indexes_frames_round_trip(items: dict[int, frozenset[int]]) -> None:
+    ack = wire.encode_partial_ack(items)
+    assert wire.is_partial_ack(ack) and not wire.is_partial_ack(wire.encode_ack([1]))
+    assert wire.decode_partial_ack(ack) == items
+    assert wire.decode_acked_indexes(wire.encode_acked_indexes(items)) == items
+    with pytest.raises(WireError):
+        wire.decode_ack(ack)  # a version 3 decoder does not take it for positions
+
+
+def test_batch_index_frames_reject_bad_shapes() -> None:
+    ack = wire.encode_partial_ack({7: [0, 2]})
+    assert len(ack) == 4 + 8 + 4 + 2 * 4
+    indexes = wire.encode_acked_indexes({7: [0, 2]})
+    for bad in (ack[:-1], ack + b"\x00", ack[:4], ack[:2] + b"\x00\x00" + ack[4:]):
+        with pytest.raises(WireError):
+            wire.decode_partial_ack(bad)
+    for bad in (indexes[:-1], indexes + b"\x00", indexes[:1] + b"\x00\x00" + indexes[3:]):
+        with pytest.raises(WireError):
+            wire.decode_acked_indexes(bad)
+    no_index = ack[:4] + (7).to_bytes(8, "little") + (0).to_bytes(4, "little")
+    negative = ack[:4] + (-1).to_bytes(8, "little", signed=True) + ack[12:]
+    for bad in (no_index, negative):
+        with pytest.raises(WireError):
+            wire.decode_partial_ack(bad)
+    for items in ({}, {7: []}, {-1: [0]}, {7: [2**32]}):
+        with pytest.raises(ValueError):
+            wire.encode_partial_ack(items)

@@ -8,6 +8,11 @@ the lowest range touches the floor, the floor jumps over it.
 Cursors are persisted as small JSON files, replaced atomically (temp + fsync + rename + fsync of
 the directory) by the segment's cursor flusher, which batches updates (default every 100 ms).
 A crash may therefore redeliver up to that much acknowledged work: delivery is at least once.
+
+``partial`` holds the batch indexes acknowledged of entries that are not acknowledged as a whole
+(protocol version 4, Pulsar's batch-index acknowledgement): a consumer that leaves in the middle
+of an entry acknowledges the messages it processed, and the entry's next consumer is told to
+skip them. It is persisted with the rest and dropped once the entry is acknowledged.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class Cursor:
     ends: list[int] = field(default_factory=list)
     acked_above: int = 0
     """Number of positions inside the individually acked ranges."""
+    partial: dict[int, frozenset[int]] = field(default_factory=dict)
+    """Unacknowledged position -> batch indexes of its messages acknowledged."""
     dirty: bool = False
     version: int = 0
     on_touch: Callable[[], object] | None = field(default=None, repr=False, compare=False)
@@ -73,7 +80,21 @@ class Cursor:
             starts.insert(i, position)
             ends.insert(i, position + 1)
         self.acked_above += 1
+        if self.partial:
+            self.partial.pop(position, None)
         self._advance_floor()
+        self._touch()
+        return True
+
+    def ack_partial(self, position: int, indexes: frozenset[int]) -> bool:
+        """Acknowledge some messages of an entry; False when nothing new was acknowledged."""
+        if self.is_acked(position):
+            return False
+        before = self.partial.get(position, frozenset())
+        after = before | indexes
+        if after == before:
+            return False
+        self.partial[position] = after
         self._touch()
         return True
 
@@ -95,6 +116,7 @@ class Cursor:
             del ends[:k]
         self.ack_floor = target
         self._advance_floor()
+        self._drop_acked_partials()
         self._touch()
         return True
 
@@ -114,9 +136,17 @@ class Cursor:
                 self.acked_above -= self.ends[-1] - position
                 self.ends[-1] = position
             changed = True
+        for p in [p for p in self.partial if p >= position]:
+            del self.partial[p]
+            changed = True
         if changed:
             self._touch()
         return changed
+
+    def _drop_acked_partials(self) -> None:
+        if self.partial:
+            for p in [p for p in self.partial if p < self.ack_floor]:
+                del self.partial[p]
 
     def _advance_floor(self) -> None:
         if self.starts and self.starts[0] == self.ack_floor:
@@ -149,6 +179,11 @@ class Cursor:
             "type": self.type.value,
             "ackFloor": self.ack_floor,
             "ackedRanges": [[s, e] for s, e in zip(self.starts, self.ends, strict=True)],
+            **(
+                {"partialAcks": [[p, sorted(ix)] for p, ix in sorted(self.partial.items())]}
+                if self.partial
+                else {}
+            ),
         }
 
     @classmethod
@@ -161,4 +196,7 @@ class Cursor:
                 cur.ends.append(int(e))
                 cur.acked_above += int(e) - int(s)
         cur._advance_floor()
+        for p, indexes in body.get("partialAcks", []):
+            if indexes and not cur.is_acked(int(p)):
+                cur.partial[int(p)] = frozenset(int(i) for i in indexes)
         return cur

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,12 +238,12 @@ class _Session:
 
 async def _handshake(
     ws: aiohttp.ClientWebSocketResponse, hello: Mapping[str, Any]
-) -> dict[str, Any]:
+) -> tuple[int, dict[str, Any]]:
+    """The negotiated protocol version and the ``HELLO_OK`` body."""
     await ws.send_bytes(wire.encode_hello(wire.PROTOCOL_VERSION, hello))
     msg = await ws.receive()
     if msg.type == aiohttp.WSMsgType.BINARY and msg.data[:1] == bytes((wire.FRAME_HELLO_OK,)):
-        _, body = wire.decode_hello_ok(msg.data)
-        return body
+        return wire.decode_hello_ok(msg.data)
     if msg.type == aiohttp.WSMsgType.BINARY and msg.data[:1] == bytes((wire.FRAME_ERROR,)):
         body = wire.decode_json_frame(msg.data)
         with contextlib.suppress(Exception):
@@ -333,7 +333,7 @@ class SegmentProducer:
                 autoping=True,
                 timeout=WS_TIMEOUT,
             )
-            hello = await _handshake(ws, {"producerName": producer_name})
+            _, hello = await _handshake(ws, {"producerName": producer_name})
         except BaseException:
             await sess.close()
             raise
@@ -567,11 +567,17 @@ class SegmentProducer:
 # --- consumer ------------------------------------------------------------------------------------
 
 
+_NONE_ACKED: frozenset[int] = frozenset()
+
+
 @dataclass(frozen=True, slots=True)
 class ReceivedEntry:
     position: int
     redelivery_count: int
     entry: bytes | memoryview
+    acked: frozenset[int] = _NONE_ACKED
+    """Batch indexes of messages acknowledged before (protocol v4 ``ACKED_INDEXES``): a
+    previous consumer took them and left in the middle of the entry; they are not handed out."""
 
     @property
     def header(self) -> EntryHeader:
@@ -591,8 +597,12 @@ class SegmentConsumer:
         session: _Session,
         hello: Mapping[str, Any],
         permits: int,
+        *,
+        version: int = wire.PROTOCOL_VERSION,
     ) -> None:
         self._ws = ws
+        self.version = version
+        """The protocol version negotiated with the broker."""
         self._session = session
         self.segment_id = int(hello["segmentId"])
         self.buckets = int(hello.get("buckets", 1))
@@ -611,6 +621,8 @@ class SegmentConsumer:
         self._ready = asyncio.Event()
         self._taken_since_flow = 0
         self._acks: list[int] = []
+        self._acked_indexes: wire.PartialAcks = {}
+        """From ``ACKED_INDEXES``, for the entries of the ``DELIVER`` frame that follows."""
         self._cumulative: int | None = None
         self._ack_scheduled = False
         self.end_of_segment = False
@@ -648,7 +660,7 @@ class SegmentConsumer:
                 compress=0,
                 timeout=WS_TIMEOUT,
             )
-            hello = await _handshake(
+            version, hello = await _handshake(
                 ws,
                 {
                     "consumerName": consumer_name,
@@ -665,7 +677,7 @@ class SegmentConsumer:
                     await ws.close()
             await sess.close()
             raise
-        return cls(ws, sess, hello, permits)
+        return cls(ws, sess, hello, permits, version=version)
 
     async def _read_loop(self) -> None:
         ws = self._ws
@@ -677,8 +689,20 @@ class SegmentConsumer:
                 data = msg.data
                 kind = data[0] if data else -1
                 if kind == wire.FRAME_DELIVER:
+                    acked = self._acked_indexes
                     for d in wire.decode_deliver(data):
-                        self._queue.append(ReceivedEntry(d.position, d.redelivery_count, d.entry))
+                        self._queue.append(
+                            ReceivedEntry(
+                                d.position,
+                                d.redelivery_count,
+                                d.entry,
+                                acked.pop(d.position, _NONE_ACKED) if acked else _NONE_ACKED,
+                            )
+                        )
+                    acked.clear()
+                elif kind == wire.FRAME_ACKED_INDEXES:
+                    self._acked_indexes.update(wire.decode_acked_indexes(data))
+                    continue
                 elif kind == wire.FRAME_END_OF_SEGMENT:
                     self.last_position = wire.decode_end_of_segment(data)
                     self.end_of_segment = True
@@ -800,6 +824,16 @@ class SegmentConsumer:
         if not self._ack_scheduled:
             self._ack_scheduled = True
             self._loop.call_soon(self._flush_acks)
+
+    def ack_partial(self, partial: Mapping[int, Iterable[int]]) -> None:
+        """Acknowledge some messages of entries by batch index (protocol v4; an older broker
+        redelivers those entries whole). Sent at once: the caller is about to let go of them."""
+        if self.version < 4 or not partial:
+            return
+        self._flush_acks()
+        items = list(partial.items())
+        for i in range(0, len(items), wire.MAX_FRAME_ITEMS):
+            self._send(wire.encode_partial_ack(dict(items[i : i + wire.MAX_FRAME_ITEMS])))
 
     def nack(self, positions: Sequence[int]) -> None:
         """Give entries back for redelivery."""

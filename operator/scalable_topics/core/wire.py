@@ -24,11 +24,12 @@ from typing import Any, TypeAlias
 
 import mmh3
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """Highest protocol version this codec speaks. Peers negotiate ``min(client, server)``.
 Version 2 (PIP-486 key-shared stream/checkpoint consumers): an Exclusive subscription honours
 the consume ``HELLO``'s ``buckets``, and ``END_OF_BUCKETS`` exists. Version 3 (per-bucket
-ordering across splits, merges and rollovers): ``BUCKETS_DONE`` exists."""
+ordering across splits, merges and rollovers): ``BUCKETS_DONE`` exists. Version 4 (batch-index
+acknowledgement): ``ACK`` of kind ``ACK_PARTIAL`` and ``ACKED_INDEXES`` exist."""
 MIN_PROTOCOL_VERSION = 1
 
 ENTRY_FORMAT = 1
@@ -83,6 +84,7 @@ FRAME_NACK = 0x23
 FRAME_END_OF_SEGMENT = 0x24
 FRAME_END_OF_BUCKETS = 0x25
 FRAME_BUCKETS_DONE = 0x26
+FRAME_ACKED_INDEXES = 0x27
 FRAME_ERROR = 0x7F
 
 _HELLO = struct.Struct("<BH")
@@ -100,6 +102,9 @@ ACK_STATUS_DUPLICATE = 1
 
 ACK_INDIVIDUAL = 0
 ACK_CUMULATIVE = 1
+ACK_PARTIAL = 2
+"""Version 4: some messages of entries are acknowledged, by batch index (the entries stay
+unacknowledged; a redelivery names those indexes in ``ACKED_INDEXES``)."""
 
 MAX_FRAME_ITEMS = 0xFFFF
 
@@ -783,6 +788,80 @@ def decode_ack(frame: bytes | memoryview) -> tuple[bool, tuple[int, ...]]:
     if min(positions) < 0:
         raise WireError("bad_ack", "negative position in ACK")
     return kind == ACK_CUMULATIVE, positions
+
+
+_BATCH_INDEXES_HEAD = struct.Struct("<qI")
+
+PartialAcks: TypeAlias = dict[int, frozenset[int]]
+"""Entry position -> the batch indexes of its messages that are acknowledged."""
+
+
+def _encode_batch_indexes(items: Mapping[int, Iterable[int]]) -> bytes:
+    out = bytearray()
+    for position, indexes in items.items():
+        idx = sorted(set(indexes))
+        if position < 0 or not idx or idx[0] < 0 or idx[-1] > 0xFFFFFFFF:
+            raise ValueError(f"bad batch indexes {idx!r} of position {position}")
+        out += _BATCH_INDEXES_HEAD.pack(position, len(idx))
+        out += struct.pack(f"<{len(idx)}I", *idx)
+    return bytes(out)
+
+
+def _decode_batch_indexes(
+    frame: bytes | memoryview, offset: int, count: int, code: str
+) -> PartialAcks:
+    size = len(frame)
+    out: PartialAcks = {}
+    for _ in range(count):
+        if offset + _BATCH_INDEXES_HEAD.size > size:
+            raise WireError(code, "batch indexes truncated")
+        position, n = _BATCH_INDEXES_HEAD.unpack_from(frame, offset)
+        offset += _BATCH_INDEXES_HEAD.size
+        if position < 0 or n == 0 or offset + 4 * n > size:
+            raise WireError(code, "bad batch indexes item")
+        indexes = frozenset(struct.unpack_from(f"<{n}I", frame, offset))
+        offset += 4 * n
+        out[position] = out.get(position, frozenset()) | indexes
+    if offset != size:
+        raise WireError(code, "trailing bytes after the batch indexes")
+    return out
+
+
+def encode_partial_ack(items: Mapping[int, Iterable[int]]) -> bytes:
+    """Version 4: acknowledge the messages at these batch indexes of these entries."""
+    if not 0 < len(items) <= MAX_FRAME_ITEMS:
+        raise ValueError("a partial ACK frame carries 1..65535 entries")
+    return _ACK_HEAD.pack(FRAME_ACK, ACK_PARTIAL, len(items)) + _encode_batch_indexes(items)
+
+
+def is_partial_ack(frame: bytes | memoryview) -> bool:
+    return len(frame) >= 2 and frame[0] == FRAME_ACK and frame[1] == ACK_PARTIAL
+
+
+def decode_partial_ack(frame: bytes | memoryview) -> PartialAcks:
+    if len(frame) < _ACK_HEAD.size or not is_partial_ack(frame):
+        raise WireError("bad_ack", "expected a partial ACK frame")
+    count = _ACK_HEAD.unpack_from(frame, 0)[2]
+    if count == 0:
+        raise WireError("bad_ack", "a partial ACK names no entry")
+    return _decode_batch_indexes(frame, _ACK_HEAD.size, count, "bad_ack")
+
+
+def encode_acked_indexes(items: Mapping[int, Iterable[int]]) -> bytes:
+    """Version 4: sent right before the ``DELIVER`` frame of these entries - the messages at
+    these batch indexes are acknowledged already (the consumer does not hand them out)."""
+    if not 0 < len(items) <= MAX_FRAME_ITEMS:
+        raise ValueError("an ACKED_INDEXES frame carries 1..65535 entries")
+    return _COUNT.pack(FRAME_ACKED_INDEXES, len(items)) + _encode_batch_indexes(items)
+
+
+def decode_acked_indexes(frame: bytes | memoryview) -> PartialAcks:
+    if len(frame) < _COUNT.size or frame[0] != FRAME_ACKED_INDEXES:
+        raise WireError("bad_frame", "expected an ACKED_INDEXES frame")
+    count = _COUNT.unpack_from(frame, 0)[1]
+    if count == 0:
+        raise WireError("bad_frame", "ACKED_INDEXES names no entry")
+    return _decode_batch_indexes(frame, _COUNT.size, count, "bad_frame")
 
 
 def encode_nack(positions: Sequence[int]) -> bytes:

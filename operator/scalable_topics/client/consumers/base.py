@@ -23,6 +23,7 @@ from ..segment import (
     WS_TIMEOUT,
     AccessDeniedError,
     ConnectionClosedError,
+    ReceivedEntry,
     SegmentConsumer,
     SegmentCorruptedError,
     SegmentError,
@@ -45,6 +46,7 @@ from .common import (
     _NothingToRead,
     _Reader,
     _session_error,
+    entry_messages,
     log,
     readable,
 )
@@ -468,6 +470,8 @@ class _ConsumerBase:
 
     def _settle(self, reader: _Reader, position: int) -> None:
         del reader.started[position]
+        if reader.acked_through:
+            reader.acked_through.pop(position, None)
         if not reader.started:
             reader.settled.set()
 
@@ -491,7 +495,25 @@ class _ConsumerBase:
         self._readers[key] = reader
         reader.task = self._spawn(self._read(reader), f"read-{segment_id}")
 
+    def _queue_entry(self, reader: _Reader, consumer: SegmentConsumer, item: ReceivedEntry) -> None:
+        """Hand a delivered entry's messages to the application's queue; those a previous
+        consumer acknowledged (protocol v4) are left out, and an entry left with none is
+        acknowledged at once."""
+        messages = entry_messages(reader.segment_id, item)
+        if item.acked:
+            if not messages:
+                consumer.ack(item.position)
+                return
+            reader.preacked[item.position] = item.acked
+        self._delivery.put(reader, messages)
+
     def _stop_reader(self, reader: _Reader) -> None:
+        if reader.consumer is not None and not reader.stopped:
+            # what the application acknowledged of entries it did not finish: the next owner
+            # of those entries skips these messages instead of delivering them again
+            partial = reader.partial_acks()
+            if partial:
+                reader.consumer.ack_partial(partial)
         if self._readers.get(reader.key) is reader:
             del self._readers[reader.key]
         reader.stopped = True

@@ -107,7 +107,7 @@ def entry_messages(segment_id: int, item: ReceivedEntry) -> list[Message]:
     publish_time_ms = header.publish_time_ms
     producer_name = header.producer_name
     redelivery_count = item.redelivery_count
-    return [
+    messages = [
         _new_tuple(
             Message,
             (
@@ -128,6 +128,10 @@ def entry_messages(segment_id: int, item: ReceivedEntry) -> list[Message]:
             wire.iter_message_fields(wire.entry_payload(entry, header), count)
         )
     ]
+    if item.acked:
+        # a previous consumer acknowledged these before leaving in the middle of the entry
+        return [m for m in messages if m.batch_index not in item.acked]
+    return messages
 
 
 def readable(segment: proto.AssignedSegmentModel, drained: set[int] | frozenset[int]) -> bool:
@@ -158,7 +162,14 @@ class _Reader:
     releasing: bool = False
     """Queue: the buckets are being handed over; entries not started are dropped."""
     started: dict[int, set[int]] = field(default_factory=dict)
-    """Queue: entries of which the application took a message → batch indexes acknowledged."""
+    """Entries of which the application took a message → batch indexes acknowledged (queue:
+    one by one; stream: those a previous consumer acknowledged)."""
+    acked_through: dict[int, int] = field(default_factory=dict)
+    """Stream: started entries acknowledged up to this batch index, not whole (an ack is
+    cumulative: every message of the entry before it is acknowledged too)."""
+    preacked: dict[int, frozenset[int]] = field(default_factory=dict)
+    """Entries queued whose messages at these batch indexes a previous consumer acknowledged
+    (``ACKED_INDEXES``): they count as acknowledged once the application takes the entry."""
     settled: asyncio.Event = field(default_factory=asyncio.Event)
     moved_to: str | None = None
     """The new owner a moved close frame named: the next attach goes there (no DAG wait)."""
@@ -168,6 +179,16 @@ class _Reader:
     @property
     def key(self) -> ReaderKey:
         return self.segment_id, self.buckets
+
+    def partial_acks(self) -> dict[int, set[int]]:
+        """Started entries some of whose messages are acknowledged, with their batch indexes:
+        sent as a partial ack when the reader stops in the middle of them."""
+        out: dict[int, set[int]] = {}
+        for position, indexes in self.started.items():
+            through = self.acked_through.get(position, -1)
+            if indexes or through >= 0:
+                out[position] = indexes.union(range(through + 1))
+        return out
 
     def wants(self, message: Message) -> bool:
         """Does a queued ``message`` still go to the application?"""

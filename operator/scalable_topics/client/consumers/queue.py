@@ -16,7 +16,6 @@ from .base import _ConsumerBase
 from .common import (
     ConsumerOptions,
     _Reader,
-    entry_messages,
 )
 
 
@@ -100,13 +99,15 @@ class QueueConsumer(_ConsumerBase):
             if item is None:
                 return True
             if not reader.releasing:
-                self._delivery.put(reader, entry_messages(reader.segment_id, item))
+                self._queue_entry(reader, consumer, item)
         # Handing the buckets over: take nothing more; the release stops this reader.
         await reader.halted.wait()
         return False
 
     def _delivered(self, reader: _Reader, message: Message) -> None:
-        reader.started.setdefault(message.position, set())
+        if message.position not in reader.started:
+            preacked = reader.preacked.pop(message.position, None) if reader.preacked else None
+            reader.started[message.position] = set(preacked) if preacked else set()
 
     async def ack(self, message: Message) -> None:
         self.ack_nowait(message)

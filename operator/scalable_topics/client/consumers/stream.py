@@ -13,7 +13,6 @@ from ..segment import (
 from .base import _ConsumerBase
 from .common import (
     _Reader,
-    entry_messages,
 )
 
 
@@ -53,7 +52,7 @@ class StreamConsumer(_ConsumerBase):
                 return True
             if reader.releasing or (whole and item.position <= reader.acked):
                 continue
-            self._delivery.put(reader, entry_messages(reader.segment_id, item))
+            self._queue_entry(reader, consumer, item)
         # Handing over: take nothing more; the release stops this reader once the application
         # has acknowledged what it took (the connection stays open for those acks).
         await reader.halted.wait()
@@ -61,7 +60,8 @@ class StreamConsumer(_ConsumerBase):
 
     def _delivered(self, reader: _Reader, message: Message) -> None:
         if message.position not in reader.started:
-            reader.started[message.position] = set()
+            preacked = reader.preacked.pop(message.position, None) if reader.preacked else None
+            reader.started[message.position] = set(preacked) if preacked else set()
 
     async def ack(self, message: Message) -> None:
         """Acknowledge ``message`` and every message handed out before it from its reader."""
@@ -81,6 +81,10 @@ class StreamConsumer(_ConsumerBase):
         reader = self._holder(message)
         if reader is None:
             return  # no longer ours (or already acknowledged): the new owner gets it again
+        if not message.last_in_entry:
+            through = reader.acked_through
+            if through.get(message.position, -1) < message.batch_index:
+                through[message.position] = message.batch_index
         if reader.buckets is None:
             target = message.position if message.last_in_entry else message.position - 1
             if target < 0 or target <= reader.acked:
