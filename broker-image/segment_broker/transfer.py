@@ -105,14 +105,17 @@ def decode_records(data: bytes) -> list[tuple[int, memoryview]]:
 
 
 def merge_cursor(into: Cursor, source: Cursor) -> bool:
-    """Acknowledge in ``into`` everything ``source`` acknowledged (a union: acknowledgements
-    only grow, so merging again, in any order, is safe). True when something changed."""
+    """Acknowledge in ``into`` everything ``source`` acknowledged, batch indexes of entries
+    included (a union: acknowledgements only grow, so merging again, in any order, is safe).
+    True when something changed."""
     changed = False
     if source.ack_floor > into.ack_floor:
         changed = into.ack_cumulative(source.ack_floor - 1) or changed
     for start, end in zip(source.starts, source.ends, strict=True):
         for position in range(max(start, into.ack_floor), end):
             changed = into.ack(position) or changed
+    for position, indexes in source.partial.items():
+        changed = into.ack_partial(position, indexes) or changed
     return changed
 
 

@@ -568,7 +568,6 @@ async def test_a_consumer_leaving_in_the_middle_of_an_entry_hands_on_only_the_re
         for message in rest:
             await heir.ack(message)
 
-
         async def settled() -> bool:
             sub = (await env.stats(0))["subscriptions"][SUB]
             return bool(sub["backlog"] == 0 and sub["partiallyAcked"] == 0)

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from scalable_topics.core.subscriptions import BrokerSubscriptionType
 from segment_broker.storage.cursor import Cursor
+from segment_broker.transfer import merge_cursor
 
 ops = st.lists(st.tuples(st.sampled_from(["ack", "cumulative"]), st.integers(0, 60)), max_size=80)
 
@@ -78,3 +79,17 @@ def test_partial_acks_are_kept_until_the_entry_is_acknowledged_and_persisted() -
     # a stored record of an entry that is acknowledged by now is dropped on load
     body = cur.to_json() | {"partialAcks": [[2, [0]], [20, [1]], [21, []]]}
     assert Cursor.from_json(body).partial == {20: {1}}
+
+
+def test_a_moved_cursor_keeps_the_batch_indexes_acknowledged_of_its_entries() -> None:
+    source = Cursor(name="s", type=BrokerSubscriptionType.EXCLUSIVE)
+    source.ack_cumulative(1)
+    source.ack(4)
+    source.ack_partial(3, frozenset({0, 1}))
+    source.ack_partial(6, frozenset({2}))
+    into = Cursor(name="s", type=BrokerSubscriptionType.EXCLUSIVE)
+    into.ack_partial(6, frozenset({0}))
+    assert merge_cursor(into, source)
+    assert (into.ack_floor, into.is_acked(4)) == (2, True)
+    assert into.partial == {3: {0, 1}, 6: {0, 2}}
+    assert not merge_cursor(into, source), "merging again changes nothing"

@@ -198,6 +198,7 @@ def test_batch_index_frames_reject_bad_shapes() -> None:
     for bad in (no_index, negative):
         with pytest.raises(WireError):
             wire.decode_partial_ack(bad)
-    for items in ({}, {7: []}, {-1: [0]}, {7: [2**32]}):
+    bad_items: list[dict[int, list[int]]] = [{}, {7: []}, {-1: [0]}, {7: [2**32]}]
+    for items in bad_items:
         with pytest.raises(ValueError):
             wire.encode_partial_ack(items)
