@@ -1179,6 +1179,11 @@ def _ours_at_best(by: dict[str, SystemRun]) -> SystemRun | None:
     return next((by[k] for k in OURS_AT_BEST if k in by and by[k].runs), None)
 
 
+def _ours_name(ours: SystemRun | None) -> str:
+    """How the tables name our column: the client that measured it."""
+    return CLIENT_NAMES.get(ours.key, ours.label) if ours else "segment broker"
+
+
 def _median_probe(pr: PayloadRun) -> Step | None:
     """The capacity probe whose throughput is the saturation (the lower middle one)."""
     probes = sorted(pr.probes, key=lambda s: s.result.achieved)
@@ -1236,7 +1241,7 @@ def _best_peer(
             [
                 "payload B",
                 "metric",
-                CLIENT_NAMES.get(ours.key, ours.label) if ours else "segment broker",
+                _ours_name(ours),
                 "best peer",
                 "best peer msg/s",
                 "ours/best",
@@ -1355,7 +1360,7 @@ def _auth_cost(section: Section, off: SystemRun | None, on: SystemRun | None) ->
 def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
     by = {sr.key: sr for sr in runs}
     ours = _ours_at_best(by)
-    who = CLIENT_NAMES.get(ours.key, ours.label) if ours else ""
+    who = _ours_name(ours)
     present = [key for key in PEERS if key in by and by[key].runs]
     rows: list[list[Cell]] = []
     for payload in PAYLOADS:
@@ -1377,7 +1382,7 @@ def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
             [
                 "payload B",
                 "metric",
-                CLIENT_NAMES.get(ours.key, ours.label) if ours else "segment broker",
+                _ours_name(ours),
                 *(c for key in present for c in (PEERS[key], f"ours/{PEERS[key]}")),
             ],
             rows,
