@@ -15,16 +15,19 @@ from typing import Any, cast
 
 import pytest
 
+from scalable_topics.brokeradmin import AdminError
 from scalable_topics.controller.brokers import BrokerAdmin, BrokerPod
 from scalable_topics.controller.cache import TopicCache
 from scalable_topics.controller.kube import Conflict, KubeApi
 from scalable_topics.controller.transfer import (
+    MAX_STEPS,
     MOVE_RECORD_ATTEMPTS,
+    RETRY_AFTER,
     MoveRejected,
     TransferExecutor,
 )
 from scalable_topics.core.resources import ManualRequest
-from scalable_topics.core.transfer import Endpoint, Transfer
+from scalable_topics.core.transfer import Action, BrokerView, Endpoint, Transfer, TransferPhase
 
 NS, TOPIC, NAME = "ns", "orders", "orders-1"
 
@@ -180,3 +183,72 @@ async def test_a_draining_pod_is_announced_drained_only_once_the_moves_source_re
     await executor.drain(topic)
     await executor.drain(topic)
     assert posted == [("b0", "Drained")]
+
+
+class _Unreached:
+    """Broker admin clients for the steps these tests take: writes to the Segment only."""
+
+    def at(self, url: str) -> object:
+        return url
+
+
+def _moving(store: _Segments) -> tuple[TransferExecutor, list[tuple[tuple[str, str], float]]]:
+    """An executor driving a transfer recorded on the store's Segment (source b0 fenced by a
+    leader that died), with the brokers' answers given by the test's ``_view``."""
+    store.body["status"]["transfer"] = Transfer(
+        id="t1",
+        segment_id=1,
+        source=Endpoint("b0", "http://b0:8080"),
+        destination=Endpoint("b1", "http://b1:8080"),
+    ).to_status()
+    executor, _ = _executor(store)
+    del executor.drive  # the real one
+    executor.brokers = cast(BrokerAdmin, _Unreached())
+    requeued: list[tuple[tuple[str, str], float]] = []
+    executor.requeue = lambda: lambda key, delay: requeued.append((key, delay))
+    return executor, requeued
+
+
+async def test_a_load_report_before_a_phase_write_is_read_again_and_the_move_goes_on() -> None:
+    """The fresh leader's cache can be one load report behind the Segment when it writes the
+    next phase: the compare-and-swap fails (nothing written), the Segment is read again and the
+    step taken again, instead of failing the whole reconcile into the retry back-off."""
+    store = _Segments(_segment())
+    executor, requeued = _moving(store)
+    store.report_load(80.0)
+
+    async def view(topic: Any, transfer: Transfer) -> tuple[BrokerView, BrokerView]:
+        copy_ = BrokerView(up=True, present=True, last_position=5, cursors_digest="d")
+        if transfer.phase is TransferPhase.RELEASING:
+            return BrokerView(True, True, 5, fenced=True, cursors_digest="d"), copy_
+        return BrokerView(up=False), copy_  # Assigned: commits without the source
+
+    executor._view = view  # type: ignore[method-assign]
+    await executor.drive(TOPIC_BODY, 1)
+
+    assert store.gets == 1, "read again after the conflict"
+    assert store.body["status"]["transfer"]["phase"] == "Owned"
+    assert store.body["status"]["broker"]["pod"] == "b1"
+    assert store.body["status"]["load"] == {"msgRateIn": 80.0}
+    assert requeued == [((NS, TOPIC), RETRY_AFTER)], "then waits for the source to answer"
+
+
+async def test_a_transfer_not_finished_within_its_steps_is_looked_at_again() -> None:
+    store = _Segments(_segment())
+    executor, requeued = _moving(store)
+    failed: list[Action] = []
+
+    async def view(topic: Any, transfer: Transfer) -> tuple[BrokerView, BrokerView]:
+        return BrokerView(True, True, 5), BrokerView(up=True)
+
+    async def execute(topic: Any, segment: Any, transfer: Any, action: Action) -> Any:
+        failed.append(action)
+        raise AdminError("http://b1:8080", 503, "Unavailable", "busy")
+
+    executor._view = view  # type: ignore[method-assign]
+    executor._execute = execute  # type: ignore[method-assign]
+    await executor.drive(TOPIC_BODY, 1)
+
+    assert failed == [Action.COPY] * MAX_STEPS
+    assert requeued == [((NS, TOPIC), RETRY_AFTER)]
+    assert store.body["status"]["transfer"]["phase"] == "Releasing", "nothing rolled back"

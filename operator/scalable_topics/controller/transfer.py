@@ -388,13 +388,15 @@ class TransferExecutor:
             action = next_action(transfer, TransferView(src, dst), catch_up_lag=lag)
             log.debug("transfer %s: %s (%s, %s)", transfer.id, action, src, dst)
             if action is Action.WAIT:
-                requeue = self.requeue()
-                if requeue is not None:
-                    meta = topic["metadata"]
-                    requeue((meta["namespace"], meta["name"]), RETRY_AFTER)
+                self._retry_later(topic)
                 return topic
             try:
                 topic = await self._execute(topic, segment, transfer, action)
+            except Conflict:
+                # A broker's load report landed on the Segment after the cache read it (every
+                # few seconds): nothing was written; read it again and decide again.
+                await self._reread(segment)
+                continue
             except AdminError as exc:
                 log.warning("transfer %s: %s failed: %s", transfer.id, action, exc)
                 if exc.status in (0, 502, 503, 504) or transfer.phase in (
@@ -410,7 +412,25 @@ class TransferExecutor:
                 )
             if action is Action.COPY and not src.fenced:
                 catch_up += 1
+        # Steps that did not end it (a broker failing each one): without a retry nothing would
+        # drive it again before the next event on the topic or the periodic resync.
+        log.warning(
+            "transfer of segment %d: not finished after %d steps; again later", sid, MAX_STEPS
+        )
+        self._retry_later(topic)
         return topic
+
+    def _retry_later(self, topic: JsonObj) -> None:
+        requeue = self.requeue()
+        if requeue is not None:
+            meta = topic["metadata"]
+            requeue((meta["namespace"], meta["name"]), RETRY_AFTER)
+
+    async def _reread(self, segment: JsonObj) -> None:
+        meta = segment["metadata"]
+        fresh = await self.kube.get_segment(meta["namespace"], meta["name"])
+        if fresh is not None:
+            self.cache.put_segment(fresh)
 
     async def _execute(
         self, topic: JsonObj, segment: JsonObj, transfer: Transfer, action: Action
