@@ -86,7 +86,11 @@ class OursConsumer:
         self.batch = batch
 
     async def consume(self, max_messages: int, duration: float) -> tuple[int, float]:
+        """Receive, decode each entry as the SDK's consumers do, acknowledge."""
+        from scalable_topics.client.consumers.common import entry_messages as decode
+
         c = self.consumer
+        segment = c.segment_id
 
         async def take(_remaining: int) -> int | None:
             try:
@@ -98,7 +102,7 @@ class OursConsumer:
             entries = c.receive_nowait(self.batch)
             if not entries:
                 return None if c.end_of_segment else 0
-            n = sum(len(e.messages()) for e in entries)
+            n = sum(len(decode(segment, e)) for e in entries)
             c.ack_cumulative(entries[-1].position)
             return n
 

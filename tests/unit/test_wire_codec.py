@@ -74,7 +74,9 @@ def test_fast_paths_match_the_general_encoder(pairs: list[tuple[bytes, bytes]]) 
 def test_message_fields_are_what_the_decoder_yields(msgs: list[Message]) -> None:
     payload, count, *_ = wire.encode_messages(msgs)
     fields = list(wire.iter_message_fields(payload, count))
-    assert fields == [(m.value, m.key, m.timestamp_ms, dict(m.properties)) for m in msgs]
+    assert fields == [
+        (m.value, m.key, m.timestamp_ms, dict(m.properties) if m.properties else None) for m in msgs
+    ]
     assert list(wire.iter_messages(payload, count)) == msgs
     with pytest.raises(WireError, match="declares"):
         list(wire.iter_message_fields(payload, count + 1))

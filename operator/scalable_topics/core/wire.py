@@ -14,7 +14,6 @@ other exception.
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import struct
@@ -470,21 +469,26 @@ def _encode_properties(props: Mapping[str, str]) -> bytes:
     return b"".join(out)
 
 
-MessageFields: TypeAlias = tuple[bytes, bytes | None, int | None, dict[str, str]]
-"""A decoded message as ``(value, key, timestamp_ms, properties)``."""
+MessageFields: TypeAlias = tuple[bytes, bytes | None, int | None, dict[str, str] | None]
+"""A decoded message as ``(value, key, timestamp_ms, properties)``; ``None``: no properties."""
 
 
 def iter_messages(payload: bytes | memoryview, count: int | None = None) -> Iterator[Message]:
     """Decode the messages of an entry payload (the consumer side)."""
-    return itertools.starmap(Message, iter_message_fields(payload, count))
+    for value, key, ts, props in iter_message_fields(payload, count):
+        yield Message(value, key, ts, {} if props is None else props)
 
 
 def iter_message_fields(
     payload: bytes | memoryview, count: int | None = None
 ) -> Iterator[MessageFields]:
     """:func:`iter_messages` without the :class:`Message` objects, for a caller that builds
-    its own (the SDK's consumers: one object per message, not two)."""
-    buf = memoryview(payload)
+    its own (the SDK's consumers: one object per message, not two).
+
+    The payload is copied to ``bytes`` once (a memcpy) so that each key and value is one slice
+    of it, not a memoryview slice and then its copy, and a message without properties gets no
+    dict: 1.5x the messages per second at 100 B (docs/client.md)."""
+    buf = bytes(payload)
     end = len(buf)
     off = 0
     seen = 0
@@ -498,9 +502,9 @@ def iter_message_fields(
                 raise WireError("bad_message", f"unknown message flags 0x{flags:02x}")
             key: bytes | None = None
             if flags & MSG_FLAG_KEY:
-                key = bytes(buf[off : off + klen])
+                key = buf[off : off + klen]
                 off += klen
-            value = bytes(buf[off : off + vlen])
+            value = buf[off : off + vlen]
             off += vlen
             if off > end:
                 raise WireError("bad_message", "message runs past the payload")
@@ -508,18 +512,19 @@ def iter_message_fields(
             if flags & MSG_FLAG_TIMESTAMP:
                 ts = _I64.unpack_from(buf, off)[0]
                 off += 8
-            props: dict[str, str] = {}
+            props: dict[str, str] | None = None
             if flags & MSG_FLAG_PROPERTIES:
+                props = {}
                 (n,) = _U16.unpack_from(buf, off)
                 off += 2
                 for _ in range(n):
                     (kl,) = _U16.unpack_from(buf, off)
                     off += 2
-                    pk = bytes(buf[off : off + kl]).decode("utf-8")
+                    pk = buf[off : off + kl].decode("utf-8")
                     off += kl
                     (vl,) = _U32.unpack_from(buf, off)
                     off += 4
-                    pv = bytes(buf[off : off + vl]).decode("utf-8")
+                    pv = buf[off : off + vl].decode("utf-8")
                     off += vl
                     props[pk] = pv
             if off > end:
