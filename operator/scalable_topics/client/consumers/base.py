@@ -220,7 +220,11 @@ class _ConsumerBase:
         return batch
 
     def _delivered(self, reader: _Reader, message: Message) -> None:
-        """The application took ``message``."""
+        """The application took ``message``: its entry is in progress until acknowledged
+        (what a previous consumer acknowledged of it counts as acknowledged)."""
+        if message.position not in reader.started:
+            preacked = reader.preacked.pop(message.position, None) if reader.preacked else None
+            reader.started[message.position] = set(preacked) if preacked else set()
 
     def __aiter__(self) -> AsyncIterator[Message]:
         return self._iterate()

@@ -104,11 +104,6 @@ class QueueConsumer(_ConsumerBase):
         await reader.halted.wait()
         return False
 
-    def _delivered(self, reader: _Reader, message: Message) -> None:
-        if message.position not in reader.started:
-            preacked = reader.preacked.pop(message.position, None) if reader.preacked else None
-            reader.started[message.position] = set(preacked) if preacked else set()
-
     async def ack(self, message: Message) -> None:
         self.ack_nowait(message)
 
