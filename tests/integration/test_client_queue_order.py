@@ -351,3 +351,47 @@ async def test_unordered_workers_share_entries_round_robin(
         for worker in workers:
             await worker.close()
         await env.close()
+
+
+async def test_a_worker_leaving_in_the_middle_of_an_entry_hands_on_only_what_it_did_not_ack(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    """Queue acknowledgements are per message, an entry's on the broker once all are: a worker
+    that acknowledged the first and third messages of a four-message entry and closes
+    acknowledges those by batch index (protocol v4); the other worker (round-robin, both
+    attached) gets the second and fourth only."""
+    env = TopicEnv(
+        operator, [b.url for b in brokers], NS, "mid-entry", subscriptions={SUB: "Queue"}
+    )
+    await env.create(1)
+    first = QueueConsumer(env.service_url, NS, env.topic, SUB, "first", ordered=False, permits=1)
+    second = QueueConsumer(env.service_url, NS, env.topic, SUB, "second", ordered=False, permits=1)
+    try:
+        await first.start()
+        await eventually(lambda: first.reading == [0])
+        async with ScalableTopicProducer(env.service_url, NS, env.topic, linger_ms=50) as producer:
+            await (await producer.send_many([b"a0", b"a1", b"a2", b"a3"], ["k"] * 4))
+        taken = [await asyncio.wait_for(first.receive(), 20) for _ in range(3)]
+        assert [(m.value, m.batch_size) for m in taken] == [(b"a0", 4), (b"a1", 4), (b"a2", 4)]
+        await first.ack(taken[0])
+        await first.ack(taken[2])
+        await second.start()
+        await eventually(lambda: second.reading == [0])
+        await first.close()
+        rest = [await asyncio.wait_for(second.receive(), 20) for _ in range(2)]
+        assert [(m.value, m.batch_index, m.redelivery_count) for m in rest] == [
+            (b"a1", 1, 1),
+            (b"a3", 3, 1),
+        ]
+        for message in rest:
+            await second.ack(message)
+
+        async def settled() -> bool:
+            sub = (await env.stats(0))["subscriptions"][SUB]
+            return bool(sub["backlog"] == 0 and sub["partiallyAcked"] == 0)
+
+        await eventually(settled)
+    finally:
+        await first.close()
+        await second.close()
+        await env.close()
