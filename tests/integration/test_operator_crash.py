@@ -33,7 +33,13 @@ from .operator_harness import (
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-FAULT_POINTS = ("intent-recorded", "children-created", "parents-sealed", "layout-committed")
+FAULT_POINTS = (
+    "intent-recorded",
+    "children-created",
+    "parents-sealed",
+    "children-activated",
+    "layout-committed",
+)
 TOPIC = "crashy"
 
 
@@ -137,11 +143,13 @@ def assert_one_side_writable(
     point: str, parents: list[int], children: list[int], writable: set[int]
 ) -> None:
     """Before the seal only the parents accept writes; once sealed, only the activated
-    children; stopped between the seal and the activation, neither."""
+    children; stopped between the seal and the activation, neither (and with the phase not
+    recorded yet: the fresh leader learns the seal from the parents' brokers)."""
     expected = {
         "intent-recorded": set(parents),
         "children-created": set(parents),
         "parents-sealed": set(),
+        "children-activated": set(children),
         "layout-committed": set(children),
     }[point]
     assert writable & {*parents, *children} == expected, (point, sorted(writable))

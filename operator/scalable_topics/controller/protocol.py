@@ -6,9 +6,10 @@
    cursor at the start for every subscription, *fenced* (they refuse produce) — phase
    ``ChildrenCreated``;
 4. terminate the parents on their brokers with the successors' ranges and URLs (producers are
-   redirected without a lookup) — phase ``ParentsSealed`` — and only then activate the children
-   (a producer redirected meanwhile is held by the child's broker until it opens), so no
-   moment exists at which a parent and one of its children both accept writes;
+   redirected without a lookup), and only then activate the children (a producer redirected
+   meanwhile is held by the child's broker until it opens), so no moment exists at which a
+   parent and one of its children both accept writes; the phase ``ParentsSealed`` is recorded
+   while the children are activated (a new leader learns a seal from the brokers too);
 5. CAS the new layout into ``status.layout`` and clear the intent in the same write;
 6. mark the Segments, tell the consumer hub, emit an event, count it.
 
@@ -18,7 +19,8 @@ Before any parent is sealed the operation may be rolled back; after that only fo
 committed layout, so a crash after step 5 loses at most an event.
 
 ``SCALABLE_TOPICS_FAULT=crash-after:<point>`` makes the process SIGKILL itself right after that
-point (``intent-recorded``, ``children-created``, ``parents-sealed``, ``layout-committed``) —
+point (``intent-recorded``, ``children-created``, ``parents-sealed``, ``children-activated``,
+``layout-committed``) —
 the hook the crash tests use. It is read at start-up and never set in production manifests.
 """
 
@@ -63,7 +65,13 @@ PLACEMENT_ATTEMPTS = 3
 """Compare-and-swaps of a new segment's placement and zero load before it is written without
 the load (the Segment kept changing; it then has no load until its broker sees traffic)."""
 
-FAULT_POINTS = ("intent-recorded", "children-created", "parents-sealed", "layout-committed")
+FAULT_POINTS = (
+    "intent-recorded",
+    "children-created",
+    "parents-sealed",
+    "children-activated",
+    "layout-committed",
+)
 
 EventSink = Callable[[JsonObj, str, str, str], Awaitable[None]]
 LayoutListener = Callable[[str, str, SegmentLayout], None]
@@ -188,10 +196,29 @@ class OperationExecutor:
             self._crash_point("children-created")
         if operation.phase is Phase.CHILDREN_CREATED:
             await self._seal_parents(topic, operation)
-            operation = operation.advanced(Phase.PARENTS_SEALED)
-            topic = await self._record_phase(topic, operation)
+            sealed = time.monotonic()
             self._crash_point("parents-sealed")
-        await self._activate_children(topic, operation)
+            operation = operation.advanced(Phase.PARENTS_SEALED)
+            # Producers redirected by the seal wait for the activation: the phase record (an API
+            # server write) goes next to it, not before it. A leader that dies with the children
+            # open and the phase not recorded is safe: recovery asks the parents' brokers.
+            (topic, recorded), opened = await asyncio.gather(
+                _timed(self._record_phase(topic, operation)),
+                self._activate_children(topic, operation),
+            )
+            log.info(
+                "%s/%s: %s %s: children open %.1f ms after the parents' seal (phase recorded "
+                "after %.1f ms)",
+                ns,
+                name,
+                operation.kind,
+                operation.id,
+                1000 * (opened - sealed),
+                1000 * (recorded - sealed),
+            )
+            self._crash_point("children-activated")
+        else:
+            await self._activate_children(topic, operation)
         topic = await self._commit(topic, operation)
         self._crash_point("layout-committed")
         metrics.OPERATION_SECONDS.labels(operation.kind.value).observe(self.clock() - started)
@@ -416,8 +443,9 @@ class OperationExecutor:
             seals.append(self.brokers.at(url).terminate(ns, name, parent, successors))
         await _all(seals)
 
-    async def _activate_children(self, topic: JsonObj, operation: Operation) -> None:
-        """Open the children for produce: every parent is sealed by now (idempotent)."""
+    async def _activate_children(self, topic: JsonObj, operation: Operation) -> float:
+        """Open the children for produce: every parent is sealed by now (idempotent). Returns
+        when (``time.monotonic()``) the last one opened."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         urls = self.cache.segment_brokers(ns, name)
         activations = []
@@ -427,6 +455,7 @@ class OperationExecutor:
                 raise broker_unavailable(f"segment {child.segment_id} has no broker recorded")
             activations.append(self.brokers.at(url).activate(ns, name, child.segment_id))
         await _all(activations)
+        return time.monotonic()
 
     async def _change(self, topic: JsonObj, change: TypedChange, *, fresh: bool = False) -> JsonObj:
         """Apply a ``core.topicstatus`` change with CAS (``fresh``: try ``topic`` first, else
@@ -507,6 +536,12 @@ class OperationExecutor:
             topic, "Warning", "OperationRolledBack", f"{_describe(operation)} rolled back: {why}"
         )
         return topic
+
+
+async def _timed(call: Awaitable[JsonObj]) -> tuple[JsonObj, float]:
+    """``call``'s result and when (``time.monotonic()``) it came."""
+    result = await call
+    return result, time.monotonic()
 
 
 async def _all(calls: list[Coroutine[Any, Any, Any]]) -> None:
