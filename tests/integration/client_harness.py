@@ -270,6 +270,12 @@ class TopicEnv:
         url = self.placement[segment_id]
         return await self.admins[url].stats(self.namespace, self.topic, segment_id)
 
+    async def all_acknowledged(self, segment_id: int, subscription: str) -> bool:
+        """The broker holds nothing of the segment unacknowledged for ``subscription``, and no
+        entry acknowledged only in part (protocol v4 batch indexes)."""
+        sub = (await self.stats(segment_id))["subscriptions"][subscription]
+        return bool(sub["backlog"] == 0 and sub["partiallyAcked"] == 0)
+
     async def close(self) -> None:
         for admin in self.admins.values():
             await admin.close()

@@ -40,14 +40,18 @@ async def _produce(url: str, entries: list[list[Message]], name: str = "p") -> l
     return [a.position for a in acks]
 
 
-async def _take(consumer: SegmentConsumer, n: int) -> list[int]:
-    out: list[int] = []
+async def _take_items(consumer: SegmentConsumer, n: int) -> list[ReceivedEntry]:
+    items: list[ReceivedEntry] = []
     async with asyncio.timeout(20):
-        while len(out) < n:
+        while len(items) < n:
             item = await consumer.receive()
             assert item is not None
-            out.append(item.position)
-    return out
+            items.append(item)
+    return items
+
+
+async def _take(consumer: SegmentConsumer, n: int) -> list[int]:
+    return [item.position for item in await _take_items(consumer, n)]
 
 
 async def _sub(admin: SegmentAdmin, name: str) -> dict[str, Any]:
@@ -171,25 +175,10 @@ async def test_cursor_survives_restart_and_unacked_entries_are_redelivered(
         assert stats["subscriptions"]["s"]["ackFloor"] == 4
         assert stats["subscriptions"]["s"]["backlog"] == 4
         consumer = await SegmentConsumer.connect(rb.url, NS, TOPIC, 0, "s", "c3", permits=100)
-        items: list[ReceivedEntry] = []
-        async with asyncio.timeout(10):
-            while len(items) < 4:
-                item = await consumer.receive()
-                assert item is not None
-                items.append(item)
+        items = await _take_items(consumer, 4)
         assert [i.position for i in items] == [4, 5, 7, 9]
         assert all(i.redelivery_count == 0 for i in items)
         await consumer.close()
-
-
-async def _take_items(consumer: SegmentConsumer, n: int) -> list[ReceivedEntry]:
-    items: list[ReceivedEntry] = []
-    async with asyncio.timeout(20):
-        while len(items) < n:
-            item = await consumer.receive()
-            assert item is not None
-            items.append(item)
-    return items
 
 
 async def test_a_partly_acknowledged_entry_is_redelivered_with_its_acked_indexes(
@@ -275,12 +264,7 @@ async def test_redelivery_after_disconnect_goes_to_the_next_consumer(tmp_path: P
 
         await _eventually(a_holds_five)
         await a.close()
-        items: list[ReceivedEntry] = []
-        async with asyncio.timeout(10):
-            while len(items) < 5:
-                item = await b.receive()
-                assert item is not None
-                items.append(item)
+        items = await _take_items(b, 5)
         assert [i.position for i in items] == [1, 2, 3, 4, 5]
         assert all(i.redelivery_count == 1 for i in items)
         b.nack([3])

@@ -567,12 +567,7 @@ async def test_a_consumer_leaving_in_the_middle_of_an_entry_hands_on_only_the_re
         assert rest[0].position == first.position and rest[0].redelivery_count == 1
         for message in rest:
             await heir.ack(message)
-
-        async def settled() -> bool:
-            sub = (await env.stats(0))["subscriptions"][SUB]
-            return bool(sub["backlog"] == 0 and sub["partiallyAcked"] == 0)
-
-        await eventually(settled)
+        await eventually(lambda: env.all_acknowledged(0, SUB))
     finally:
         await leaver.close()
         await heir.close()

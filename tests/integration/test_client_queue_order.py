@@ -385,12 +385,7 @@ async def test_a_worker_leaving_in_the_middle_of_an_entry_hands_on_only_what_it_
         ]
         for message in rest:
             await second.ack(message)
-
-        async def settled() -> bool:
-            sub = (await env.stats(0))["subscriptions"][SUB]
-            return bool(sub["backlog"] == 0 and sub["partiallyAcked"] == 0)
-
-        await eventually(settled)
+        await eventually(lambda: env.all_acknowledged(0, SUB))
     finally:
         await first.close()
         await second.close()

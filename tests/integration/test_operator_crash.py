@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 
 from scalable_topics.client.segment import SegmentError, SegmentProducer
+from scalable_topics.controller.protocol import FAULT_POINTS
 from scalable_topics.core import wire
 from scalable_topics.core.layout import SegmentLayout
 
@@ -33,13 +34,6 @@ from .operator_harness import (
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-FAULT_POINTS = (
-    "intent-recorded",
-    "children-created",
-    "parents-sealed",
-    "children-activated",
-    "layout-committed",
-)
 TOPIC = "crashy"
 
 
