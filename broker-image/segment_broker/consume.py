@@ -144,7 +144,7 @@ class ConsumerConnection(Connection):
             elif kind == wire.FRAME_ACK and wire.is_partial_ack(data):
                 if self.version < 4:
                     raise protocol_error("bad_ack", "partial ACKs need protocol version 4")
-                disp.ack_partial(wire.decode_partial_ack(data))
+                disp.ack_partial(consumer, wire.decode_partial_ack(data))
             elif kind == wire.FRAME_ACK:
                 cumulative, positions = wire.decode_ack(data)
                 disp.ack(consumer, positions, cumulative)

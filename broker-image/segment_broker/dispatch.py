@@ -265,13 +265,32 @@ class Dispatcher:
         if self.segment.seal is not None or self.segment.corruption is not None:
             self.schedule()
 
-    def ack_partial(self, partial: Mapping[int, frozenset[int]]) -> None:
-        """Batch-index acknowledgement (protocol v4): the entries stay unacknowledged."""
+    def ack_partial(self, consumer: Consumer, partial: Mapping[int, frozenset[int]]) -> None:
+        """Batch-index acknowledgement (protocol v4). An index must name a message of the entry
+        (what a cursor keeps is bounded by the entries' own sizes); an entry whose every
+        message is acknowledged by now is acknowledged whole."""
         last = self.segment.visible_position
         if max(partial) > last:
             raise DispatchError("ProtocolError", f"ack beyond the last position {last}")
+        whole: list[int] = []
         for position, indexes in partial.items():
-            self.cursor.ack_partial(position, indexes)
+            if self.cursor.is_acked(position):
+                continue
+            entry = self.segment.read_one(position)
+            if entry is None:
+                continue  # gone (retention, a truncate): nothing to keep
+            count = self.segment.message_count(entry)
+            if max(indexes) >= count:
+                raise DispatchError(
+                    "ProtocolError",
+                    f"batch index {max(indexes)} of entry {position}, which has {count} messages",
+                )
+            if len(self.cursor.partial.get(position, frozenset()) | indexes) == count:
+                whole.append(position)
+            else:
+                self.cursor.ack_partial(position, indexes)
+        if whole:
+            self.ack(consumer, whole, cumulative=False)
 
     def nack(self, consumer: Consumer, positions: Sequence[int]) -> None:
         self._requeue(consumer, [p for p in positions if p in consumer.pending])

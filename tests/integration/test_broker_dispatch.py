@@ -181,58 +181,89 @@ async def test_cursor_survives_restart_and_unacked_entries_are_redelivered(
         await consumer.close()
 
 
+async def _raw_partial_ack(
+    url: str, version: int, partial: dict[int, list[int]]
+) -> tuple[list[int], str]:
+    """A raw consumer speaking ``version`` that sends one partial ACK once it was delivered
+    something: (the frame types received before it, the error code it got back). Its
+    connection is closed and it is gone from the subscription."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(f"{url}/ws/v1/consume/{NS}/{TOPIC}/0/s") as ws,
+    ):
+        await ws.send_bytes(wire.encode_hello(version, {"consumerName": "raw", "permits": 10}))
+        assert wire.decode_hello_ok((await ws.receive()).data)[0] == version
+        kinds: list[int] = []
+        while not kinds or kinds[-1] != wire.FRAME_DELIVER:
+            kinds.append((await ws.receive()).data[0])
+        await ws.send_bytes(wire.encode_partial_ack(partial))
+        error = wire.decode_json_frame((await ws.receive()).data)
+        await ws.receive()
+        assert ws.close_code == wire.CLOSE_PROTOCOL_ERROR
+    async with SegmentAdmin(url) as admin:
+
+        async def detached() -> bool:
+            return not (await _sub(admin, "s"))["consumers"]
+
+        await _eventually(detached)
+    return kinds, str(error["code"])
+
+
 async def test_a_partly_acknowledged_entry_is_redelivered_with_its_acked_indexes(
     tmp_path: Path,
 ) -> None:
     """Protocol v4: a consumer leaving in the middle of an entry acknowledges the messages it
     processed by batch index; the entry's next consumer is told to skip them (ACKED_INDEXES),
-    after a broker restart too, and the record goes once the entry is acknowledged."""
-    three = [Message(value=b"m%d" % i, key=b"k%d" % i) for i in range(3)]
+    after a broker restart too; an entry whose every message is acknowledged so is acknowledged
+    whole, and the record goes once the entry is acknowledged."""
+    entries = [
+        [Message(value=b"m%d" % i, key=b"k%d" % i) for i in range(3)],
+        [Message(value=b"single")],
+        [Message(value=b"pair-%d" % i) for i in range(2)],
+    ]
     async with running_broker(tmp_path) as rb, SegmentAdmin(rb.url) as admin:
         await admin.create_segment(NS, TOPIC, 0, 0, 0xFFFF, subscriptions={"s": "Exclusive"})
-        await _produce(rb.url, [three, [Message(value=b"single")]])
+        await _produce(rb.url, entries)
         first = await SegmentConsumer.connect(rb.url, NS, TOPIC, 0, "s", "c1", permits=10)
         assert first.version == wire.PROTOCOL_VERSION == 4
-        assert [i.acked for i in await _take_items(first, 2)] == [frozenset(), frozenset()]
+        assert {i.acked for i in await _take_items(first, 3)} == {frozenset()}
         first.ack_partial({0: [0]})
         await first.close()
 
         second = await SegmentConsumer.connect(rb.url, NS, TOPIC, 0, "s", "c2", permits=10)
-        items = await _take_items(second, 2)
-        assert [(i.position, i.acked) for i in items] == [(0, frozenset({0})), (1, frozenset())]
+        items = await _take_items(second, 3)
+        assert [(i.position, i.acked) for i in items] == [
+            (0, frozenset({0})),
+            (1, frozenset()),
+            (2, frozenset()),
+        ]
         assert (await _sub(admin, "s"))["partiallyAcked"] == 1
-        second.ack_partial({0: [1], 1: [0]})
+        second.ack_partial({0: [1], 2: [0, 1]})  # every message of entry 2: acknowledged whole
         await second.close()
 
-        # a version 3 peer gets the entry whole, and may not send a partial ack
-        async with (
-            aiohttp.ClientSession() as http,
-            http.ws_connect(f"{rb.url}/ws/v1/consume/{NS}/{TOPIC}/0/s") as ws,
-        ):
-            await ws.send_bytes(wire.encode_hello(3, {"consumerName": "old", "permits": 10}))
-            hello_ok = await ws.receive()
-            assert wire.decode_hello_ok(hello_ok.data)[0] == 3
-            deliver = await ws.receive()
-            assert deliver.data[0] == wire.FRAME_DELIVER, "no ACKED_INDEXES to a v3 consumer"
-            assert [d.position for d in wire.decode_deliver(deliver.data)] == [0, 1]
-            await ws.send_bytes(wire.encode_partial_ack({0: [2]}))
-            error = await ws.receive()
-            assert wire.decode_json_frame(error.data)["code"] == wire.ERR_PROTOCOL
-            await ws.receive()
-            assert ws.close_code == wire.CLOSE_PROTOCOL_ERROR
+        async def entry_2_acknowledged() -> bool:
+            sub = await _sub(admin, "s")
+            return bool(sub["backlog"] == 2 and sub["partiallyAcked"] == 1)
+
+        await _eventually(entry_2_acknowledged)
+
+        # a version 3 peer gets the entry whole (no ACKED_INDEXES) and may not send a partial
+        # ack; a version 4 peer may not name a message the entry does not have
+        kinds, code = await _raw_partial_ack(rb.url, 3, {0: [2]})
+        assert (kinds, code) == ([wire.FRAME_DELIVER], wire.ERR_PROTOCOL)
+        kinds, code = await _raw_partial_ack(rb.url, 4, {0: [3]})
+        assert (kinds, code) == ([wire.FRAME_ACKED_INDEXES, wire.FRAME_DELIVER], wire.ERR_PROTOCOL)
+        assert (await _sub(admin, "s"))["partiallyAcked"] == 1
 
     async with running_broker(tmp_path) as rb, SegmentAdmin(rb.url) as admin:
         third = await SegmentConsumer.connect(rb.url, NS, TOPIC, 0, "s", "c3", permits=10)
         items = await _take_items(third, 2)
-        assert [(i.position, i.acked) for i in items] == [
-            (0, frozenset({0, 1})),
-            (1, frozenset({0})),
-        ]
+        assert [(i.position, i.acked) for i in items] == [(0, frozenset({0, 1})), (1, frozenset())]
         third.ack_many([0, 1])
 
         async def settled() -> bool:
             sub = await _sub(admin, "s")
-            return bool(sub["ackFloor"] == 2 and sub["partiallyAcked"] == 0)
+            return bool(sub["ackFloor"] == 3 and sub["partiallyAcked"] == 0)
 
         await _eventually(settled)
         await third.close()
