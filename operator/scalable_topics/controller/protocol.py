@@ -30,7 +30,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from ..core.evaluator import zero_load_status
 from ..core.jsontypes import JsonObj
@@ -202,9 +202,9 @@ class OperationExecutor:
             # Producers redirected by the seal wait for the activation: the phase record (an API
             # server write) goes next to it, not before it. A leader that dies with the children
             # open and the phase not recorded is safe: recovery asks the parents' brokers.
-            (topic, recorded), opened = await asyncio.gather(
+            (topic, recorded), (_, opened) = await asyncio.gather(
                 _timed(self._record_phase(topic, operation)),
-                self._activate_children(topic, operation),
+                _timed(self._activate_children(topic, operation)),
             )
             log.info(
                 "%s/%s: %s %s: children open %.1f ms after the parents' seal (phase recorded "
@@ -443,9 +443,8 @@ class OperationExecutor:
             seals.append(self.brokers.at(url).terminate(ns, name, parent, successors))
         await _all(seals)
 
-    async def _activate_children(self, topic: JsonObj, operation: Operation) -> float:
-        """Open the children for produce: every parent is sealed by now (idempotent). Returns
-        when (``time.monotonic()``) the last one opened."""
+    async def _activate_children(self, topic: JsonObj, operation: Operation) -> None:
+        """Open the children for produce: every parent is sealed by now (idempotent)."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         urls = self.cache.segment_brokers(ns, name)
         activations = []
@@ -455,7 +454,6 @@ class OperationExecutor:
                 raise broker_unavailable(f"segment {child.segment_id} has no broker recorded")
             activations.append(self.brokers.at(url).activate(ns, name, child.segment_id))
         await _all(activations)
-        return time.monotonic()
 
     async def _change(self, topic: JsonObj, change: TypedChange, *, fresh: bool = False) -> JsonObj:
         """Apply a ``core.topicstatus`` change with CAS (``fresh``: try ``topic`` first, else
@@ -538,7 +536,10 @@ class OperationExecutor:
         return topic
 
 
-async def _timed(call: Awaitable[JsonObj]) -> tuple[JsonObj, float]:
+T = TypeVar("T")
+
+
+async def _timed(call: Awaitable[T]) -> tuple[T, float]:
     """``call``'s result and when (``time.monotonic()``) it came."""
     result = await call
     return result, time.monotonic()

@@ -146,9 +146,7 @@ class TransferExecutor:
             try:
                 return await self._start_on(topic, segment, request)
             except Conflict:
-                segment = await self.kube.get_segment(ns, segment["metadata"]["name"])
-                if segment is not None:
-                    self.cache.put_segment(segment)
+                segment = await self._reread(segment)
         raise MoveRejected(f"segment {sid} kept changing while the move was recorded")
 
     async def _start_on(self, topic: JsonObj, segment: JsonObj, request: ManualRequest) -> JsonObj:
@@ -426,11 +424,13 @@ class TransferExecutor:
             meta = topic["metadata"]
             requeue((meta["namespace"], meta["name"]), RETRY_AFTER)
 
-    async def _reread(self, segment: JsonObj) -> None:
+    async def _reread(self, segment: JsonObj) -> JsonObj | None:
+        """The Segment as the API server has it now (also into the cache); ``None``: gone."""
         meta = segment["metadata"]
         fresh = await self.kube.get_segment(meta["namespace"], meta["name"])
         if fresh is not None:
             self.cache.put_segment(fresh)
+        return fresh
 
     async def _execute(
         self, topic: JsonObj, segment: JsonObj, transfer: Transfer, action: Action
