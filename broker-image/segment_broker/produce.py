@@ -250,5 +250,10 @@ class ProducerConnection(Connection):
 
     async def _seal_later(self) -> None:
         assert self.hosted is not None
-        await self.hosted.segment.sealed_event.wait()
-        self.out_event.set()
+        if await self.hosted.segment.seal_settled():
+            self.out_event.set()
+            return
+        # The seal failed (its marker could not be written): the segment stays open, and the
+        # entries refused meanwhile were not stored. The producer reconnects and sends them
+        # again; this connection would otherwise drop every later frame, unacknowledged.
+        self.close_soon("GoingAway", "the seal failed; reconnect", wire.CLOSE_GOING_AWAY)

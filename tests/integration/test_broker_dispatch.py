@@ -4,6 +4,8 @@ server (in-process aiohttp on a loopback port) through the low-level client."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from scalable_topics.brokeradmin import AdminError
 from scalable_topics.client.segment import (
     ReceivedEntry,
     SegmentAdmin,
@@ -25,6 +28,8 @@ from scalable_topics.core import wire
 from scalable_topics.core.buckets import bucket_of
 from scalable_topics.core.hashing import bucket_hash
 from scalable_topics.core.wire import Message
+from segment_broker.storage import fsutil
+from segment_broker.storage import segment as segment_storage
 from segment_broker.testing import running_broker
 
 pytestmark = pytest.mark.integration
@@ -123,6 +128,57 @@ async def test_seal_redirects_producers_and_ends_consumers(tmp_path: Path) -> No
         await consumer.close()
         for prod in (idle, late):
             await prod.close()
+
+
+async def test_a_producer_refused_during_a_seal_that_fails_reconnects_and_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry that arrives while the seal is being written is refused (not stored). If the
+    seal then fails (a full disk, injected where the marker is written), its connection is
+    closed with GoingAway instead of waiting for a seal that will not come, and the entry sent
+    again on a new connection is stored: the segment is still open."""
+    writing, release = threading.Event(), threading.Event()
+    real_write = fsutil.atomic_write_json
+
+    def full_disk_for_the_seal(path: Path, body: Any) -> None:
+        if path.name != "sealed.json":
+            real_write(path, body)
+            return
+        writing.set()
+        release.wait(10)
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(segment_storage, "atomic_write_json", full_disk_for_the_seal)
+    async with running_broker(tmp_path) as rb, SegmentAdmin(rb.url) as admin:
+        await admin.create_segment(NS, TOPIC, 0, 0, 0xFFFF)
+        producer = await SegmentProducer.connect(rb.url, NS, TOPIC, 0, "p")
+        assert (await (await producer.send_entry([Message(b"0")]))).position == 0
+        sealing = asyncio.create_task(admin.terminate(NS, TOPIC, 0, [Successor(1, 0, 0xFFFF)]))
+        await asyncio.to_thread(writing.wait, 10)
+        refused = await producer.send_entry([Message(b"1")])
+        connection = rb.broker.store.get(NS, TOPIC, 0).producers["p"]
+        async with asyncio.timeout(10):
+            while not connection.refused:  # noqa: ASYNC110 - the broker's side of the frame
+                await asyncio.sleep(0.01)
+        assert not refused.done(), "an entry arriving during the seal is not acknowledged"
+        release.set()
+        with pytest.raises(AdminError) as info:
+            await sealing
+        assert (info.value.status, info.value.code) == (507, "StorageError")
+        async with asyncio.timeout(10):
+            failure = await producer.wait_failed()
+        assert failure.code == "GoingAway" and "seal failed" in str(failure)
+        with pytest.raises(SegmentError):
+            await refused
+        await producer.close()
+
+        again = await SegmentProducer.connect(rb.url, NS, TOPIC, 0, "p")
+        assert again.last_sequence_id == 0, "the refused entry was not stored"
+        ack = await (await again.send_entry([Message(b"1")], sequence_id=1))
+        assert (ack.position, ack.duplicate) == (1, False)
+        stats = await admin.stats(NS, TOPIC, 0)
+        assert not stats["sealed"] and stats["lastPosition"] == 1
+        await again.close()
 
 
 async def test_concurrent_terminate_acks_everything_staged_before(tmp_path: Path) -> None:

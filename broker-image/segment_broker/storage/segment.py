@@ -537,6 +537,16 @@ class Segment:
             cb()
         return info
 
+    async def seal_settled(self) -> bool:
+        """Wait for the seal in progress: ``True`` once the segment is sealed, ``False`` when
+        the attempt failed (or none is running), so that what was refused meanwhile is sent
+        again instead of waiting for a seal that does not come."""
+        attempt = self._terminating
+        if self.seal is None and attempt is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(attempt)
+        return self.seal is not None
+
     async def adopt_seal(self, info: SealInfo) -> None:
         """Take the seal of the copy this one was made from (an ownership transfer): the same
         last position, successors and time, made durable before anyone is told."""
