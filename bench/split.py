@@ -4,8 +4,9 @@ Two real broker processes, the real operator session server (in-process, fed fro
 layouts) and one :class:`~scalable_topics.client.ScalableTopicProducer` sending keyed messages
 at a constant rate (open loop). While it sends, segments are split one after another through
 the brokers' admin API in the protocol's order (children created fenced, parent terminated with
-its successors, children activated, then the DAG push). The producer learns the successors from
-the ``SEALED`` frame and re-routes at once.
+its successors, children activated, then the DAG push). The producer connects to the successors
+when the ``SEALING`` frame names them (as the seal begins, protocol v5) and re-routes on the
+``SEALED`` frame.
 
 For each key of a split segment, the **window** is the time between the key's last
 acknowledgement on the parent and its first acknowledgement on a child. At a constant rate a
@@ -325,12 +326,13 @@ async def run(report: Report, quick: bool) -> None:
     section.note(
         f"For scale: the steady publish->ack latency of the same run is p50 "
         f"{extra['latency_p50_ms']:.1f} ms, p99 {extra['latency_p99_ms']:.1f} ms; a window "
-        "holds one seal (broker fsync of the termination marker), the SEALED frame, one "
-        "connection handshake to each child broker (held until the child is activated: one "
-        "directory fsync on its broker, after the seal) and one child ack."
+        "holds one seal (broker fsync of the termination marker), the SEALED frame, the "
+        "child's activation (one directory fsync on its broker, after the seal) and one child "
+        "ack; the producer's connection handshake to each child starts on SEALING, as the "
+        "seal begins (protocol v5), and is held by the child's broker until the activation."
     )
     section.note(
-        "Stages: the producer connects to the children as soon as it handles SEALED; each "
+        "Stages: the producer connects to the children as soon as it handles SEALING; each "
         "child's broker holds that handshake until the controller (here the harness, after "
         "every parent is sealed, DESIGN §5) activates the child, so the window is seal + "
         "activation + the first child append's fsync, plus whatever stalls this event loop "

@@ -72,9 +72,9 @@ class HostedSegment:
     dispatchers: dict[str, Dispatcher] = field(default_factory=dict)
     load: SegmentLoad | None = None
     connections: set[Any] = field(default_factory=set)
+    """Open WebSocket handlers (closed when the segment is deleted)."""
     producers: dict[str, Any] = field(default_factory=dict)
     """Producer name -> its (single) open produce connection."""
-    """Open WebSocket handlers (closed when the segment is deleted)."""
     samples: deque[tuple[float, int, int, int, int]] = field(
         default_factory=lambda: deque(maxlen=RATE_SAMPLES)
     )
@@ -97,6 +97,15 @@ class HostedSegment:
     def backlog(self) -> dict[str, int]:
         """Entries written and not acknowledged, per subscription."""
         return {name: self.segment.backlog(d.cursor) for name, d in self.dispatchers.items()}
+
+    def announce_sealing(self, successors: list[wire.Successor]) -> None:
+        """Tell the producers (version 5) the successors as the seal begins: they connect to
+        them while the seal is made durable and the controller activates them, instead of
+        after ``SEALED`` (the connection handshake was most of a key's blocked window)."""
+        frame = wire.encode_sealing(successors)
+        for conn in self.producers.values():
+            if conn.version >= 5:
+                conn.send(frame)
 
     def add_dispatcher(self, name: str) -> Dispatcher:
         cursor = self.segment.cursors[name]

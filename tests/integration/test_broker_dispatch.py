@@ -130,6 +130,63 @@ async def test_seal_redirects_producers_and_ends_consumers(tmp_path: Path) -> No
             await prod.close()
 
 
+async def test_sealing_tells_version_5_producers_the_successors_before_the_seal(
+    tmp_path: Path,
+) -> None:
+    """``SEALING`` (protocol v5) names the successors as the seal begins, before ``SEALED``, so
+    that producers can connect to them meanwhile; a version-4 peer gets ``SEALED`` only, and a
+    seal that fails (here: a directory where the seal marker goes) leaves the segment open."""
+    successors = [
+        Successor(1, 0x0000, 0x7FFF, "http://broker-1:8080"),
+        Successor(2, 0x8000, 0xFFFF, "http://broker-2:8080"),
+    ]
+    async with (
+        running_broker(tmp_path) as rb,
+        SegmentAdmin(rb.url) as admin,
+        aiohttp.ClientSession() as http,
+    ):
+        await admin.create_segment(NS, TOPIC, 0, 0, 0xFFFF)
+        heard: list[tuple[list[Successor], bool]] = []
+        producer = await SegmentProducer.connect(rb.url, NS, TOPIC, 0, "v5")
+        assert producer.version == wire.PROTOCOL_VERSION >= 5
+        producer.on_sealing = lambda s: heard.append((s, producer.failure is None))
+        ws_url = rb.url.replace("http", "ws", 1)
+        old = await http.ws_connect(f"{ws_url}/ws/v1/produce/{NS}/{TOPIC}/0")
+        await old.send_bytes(wire.encode_hello(4, {"producerName": "v4"}))
+        assert (await old.receive(timeout=10)).data[0] == wire.FRAME_HELLO_OK
+
+        marker = tmp_path / NS / TOPIC / "0000-ffff-0" / "sealed.json"
+        marker.mkdir()
+        with pytest.raises(AdminError) as info:
+            await admin.terminate(NS, TOPIC, 0, successors)
+        assert info.value.code == "StorageError"
+        async with asyncio.timeout(10):
+            while not heard:  # noqa: ASYNC110 - the frame arrives on the producer's reader
+                await asyncio.sleep(0.01)
+        assert heard == [(successors, True)]
+        ack = await (await producer.send_entry([Message(b"after a failed seal")]))
+        assert ack.position == 0, "a seal that failed leaves the segment open"
+
+        marker.rmdir()
+        seal = await admin.terminate(NS, TOPIC, 0, successors)
+        assert seal["lastPosition"] == 0
+        async with asyncio.timeout(10):
+            failure = await producer.wait_failed()
+        assert isinstance(failure, SegmentSealedError) and failure.successors == successors
+        assert heard == [(successors, True), (successors, True)], "announced before SEALED"
+        frame = await old.receive(timeout=10)
+        assert frame.data[0] == wire.FRAME_SEALED, "a version-4 peer gets no SEALING"
+        await old.close()
+        await producer.close()
+
+        late = await SegmentProducer.connect(rb.url, NS, TOPIC, 0, "late")
+        late.on_sealing = lambda s: heard.append((s, False))
+        async with asyncio.timeout(10):
+            assert isinstance(await late.wait_failed(), SegmentSealedError)
+        assert len(heard) == 2, "a sealed segment announces nothing more"
+        await late.close()
+
+
 async def test_a_producer_refused_during_a_seal_that_fails_reconnects_and_loses_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -281,7 +338,7 @@ async def test_a_partly_acknowledged_entry_is_redelivered_with_its_acked_indexes
         await admin.create_segment(NS, TOPIC, 0, 0, 0xFFFF, subscriptions={"s": "Exclusive"})
         await _produce(rb.url, entries)
         first = await SegmentConsumer.connect(rb.url, NS, TOPIC, 0, "s", "c1", permits=10)
-        assert first.version == wire.PROTOCOL_VERSION == 4
+        assert first.version == wire.PROTOCOL_VERSION >= 4
         assert {i.acked for i in await _take_items(first, 3)} == {frozenset()}
         first.ack_partial({0: [0]})
         await first.close()

@@ -11,8 +11,11 @@ import asyncio
 
 import pytest
 
+from scalable_topics.brokeradmin import AdminError
 from scalable_topics.client import QueueConsumer, ScalableTopicProducer, StreamConsumer
 from scalable_topics.core.hashing import segment_hash
+from scalable_topics.core.layout import descriptor
+from scalable_topics.core.wire import Successor
 from segment_broker.testing import BrokerProcess
 
 from .client_harness import (
@@ -77,6 +80,7 @@ async def _scenario(env: TopicEnv, change: str) -> tuple[KeyedLoad, list[int]]:
         sending = asyncio.create_task(load.run(producer, 60, pause=0.01))
         async with asyncio.timeout(30):
             await load.wait_acked(20 * len(KEYS))
+        connections = producer.connections
         children = await env.split(0) if change == "split" else await env.merge(0, 1)
         await sending
         await producer.flush()
@@ -85,6 +89,9 @@ async def _scenario(env: TopicEnv, change: str) -> tuple[KeyedLoad, list[int]]:
             await asyncio.gather(*readers)
         assert not load.errors
         assert load.sent == len(load.acked) == 60 * len(KEYS)
+        # The parents' SEALING had the producer connect to the children before SEALED, once.
+        assert producer.early_connects == len(children)
+        assert producer.connections - connections == len(children)
         check_order(streamed, load.acked)
         check_order(queued, load.acked)
         drained = env.operator.hub.coordinator(NS, env.topic, "stream")
@@ -159,4 +166,52 @@ async def test_dag_push_before_seal_does_not_let_a_key_overtake_itself(
             assert not load.errors and len(load.acked) == 60 * len(KEYS)
             check_order(streamed, load.acked)
     finally:
+        await env.close()
+
+
+async def test_successors_announced_by_a_seal_that_failed_are_given_up(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    """``SEALING`` comes before the seal is durable. When the seal then fails (here: a directory
+    where the seal marker goes) and the children are deleted (the controller's rollback), the
+    connections the producer opened to them ahead are given up, and it goes on producing to
+    the parent, which is still open."""
+    env = await _env(operator, brokers, "unsealed")
+    url = env.placement[0]
+    admin = env.admins[url]
+    broker = next(b for b in brokers if b.url == url)
+    parent = env.layout.segments[0]
+    marker = broker.data_dir / NS / env.topic / descriptor(parent) / "sealed.json"
+    load = KeyedLoad(KEYS)
+    try:
+        async with ScalableTopicProducer(env.service_url, NS, env.topic, linger_ms=2) as producer:
+            sending = asyncio.create_task(load.run(producer, 40, pause=0.01))
+            async with asyncio.timeout(30):
+                await load.wait_acked(10 * len(KEYS))
+            lo, hi = parent.hash_range.start, parent.hash_range.end
+            mid = (lo + hi) // 2
+            successors = [Successor(10, lo, mid, url), Successor(11, mid + 1, hi, url)]
+            for child in successors:
+                await admin.create_segment(
+                    NS, env.topic, child.segment_id, child.start, child.end, writable=False
+                )
+            marker.mkdir()
+            with pytest.raises(AdminError):
+                await admin.terminate(NS, env.topic, 0, successors)
+            await eventually(lambda: producer.early_connects == 2, within=10)
+            for child in successors:
+                await admin.delete_segment(NS, env.topic, child.segment_id)
+            await eventually(lambda: not {10, 11} & set(producer._links), within=20)
+            await sending
+            await producer.flush()
+        assert not load.errors and len(load.acked) == 40 * len(KEYS)
+        parent_range = parent.hash_range
+        assert all(
+            mid_.segment_id == 0
+            for (key, _), mid_ in load.acked.items()
+            if parent_range.contains(segment_hash(key))
+        )
+        assert producer.reroutes == 0
+    finally:
+        marker.rmdir()
         await env.close()

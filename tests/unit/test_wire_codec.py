@@ -146,6 +146,7 @@ def test_decoders_raise_only_wire_errors(data: bytes) -> None:
         wire.decode_json_frame,
         wire.decode_partial_ack,
         wire.decode_acked_indexes,
+        wire.decode_sealing,
     ):
         with contextlib.suppress(WireError):
             decode(data)
@@ -168,6 +169,41 @@ def test_buckets_done_frame_round_trips_and_rejects_bad_lengths() -> None:
         wire.decode_buckets_done(frame[:9] + b"\x00\x00")  # a count of 0
     with pytest.raises(ValueError):
         wire.encode_buckets_done(41, [])
+
+
+successors = st.lists(
+    st.builds(
+        lambda sid, a, b, url: wire.Successor(sid, min(a, b), max(a, b), url),
+        st.integers(0, wire.MAX_ID),
+        st.integers(0, wire.RING_SIZE - 1),
+        st.integers(0, wire.RING_SIZE - 1),
+        st.none() | st.text(max_size=40),
+    ),
+    max_size=4,
+)
+
+
+@given(successors)
+def test_sealing_frame_round_trips(items: list[wire.Successor]) -> None:
+    frame = wire.encode_sealing(items)
+    assert frame[0] == wire.FRAME_SEALING
+    assert wire.decode_sealing(frame) == items
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"",
+        wire.encode_sealed({"successors": []}),
+        bytes((wire.FRAME_SEALING,)) + b'{"successors": 3}',
+        bytes((wire.FRAME_SEALING,)) + b'{"successors": [{"segmentId": -1, "range": {}}]}',
+        bytes((wire.FRAME_SEALING,))
+        + b'{"successors": [{"segmentId": 2, "range": {"start": 9, "end": 3}}]}',
+    ],
+)
+def test_malformed_sealing_frames_are_wire_errors(frame: bytes) -> None:
+    with pytest.raises(WireError):
+        wire.decode_sealing(frame)
 
 
 batch_indexes = st.dictionaries(

@@ -44,6 +44,7 @@ import aiohttp
 from scalable_topics.core import wire
 from scalable_topics.core.hashing import key_hash
 from scalable_topics.core.sessions import DagMessage
+from scalable_topics.core.wire import Successor
 from scalable_topics.credentials import client_session
 
 from .dag import Backoff, DagWatcher, TopicNotFoundError
@@ -193,6 +194,9 @@ class _Link:
         self.moved_to: str | None = None
         """The new owner a moved close frame named: the next connect goes there instead of to
         the DAG's URL (which catches up later); later ones follow the DAG again."""
+        self.ahead = False
+        """Opened on a parent's ``SEALING``, before anything routes here: given up (not
+        retried) if it fails while it has nothing to send; the ``SEALED`` frame opens it again."""
 
 
 class ScalableTopicProducer:
@@ -257,6 +261,8 @@ class ScalableTopicProducer:
         """How many times a sealed segment's messages were re-routed (for tests and metrics)."""
         self.moves = 0
         """How many times a segment's moved close frame sent a link straight to the new owner."""
+        self.early_connects = 0
+        """Successors connected to on a parent's ``SEALING``, ahead of its ``SEALED``."""
         self._bucket_batches: dict[tuple[int, int], list[int]] = {}
 
     # -- life cycle -------------------------------------------------------------------------------
@@ -421,9 +427,12 @@ class ScalableTopicProducer:
                 self._flush(link)
         return link
 
-    def _open_link(self, segment_id: int) -> _Link:
+    def _open_link(self, segment_id: int, *, ahead_to: str | None = None) -> _Link:
         link = _Link(segment_id)
         link.buckets = self._table.buckets(segment_id)
+        if ahead_to is not None:
+            link.ahead = True
+            link.moved_to = ahead_to
         self._links[segment_id] = link
         if not self._closed:
             link.task = asyncio.create_task(self._run_link(link), name=f"produce-{segment_id}")
@@ -470,6 +479,11 @@ class ScalableTopicProducer:
         failed = False
         """An attempt failed: while closing the link gives up instead of trying again."""
         while not self._closed and not link.retired and self._failure is None:
+            if failed and link.ahead and link.pending == 0:
+                log.debug("segment %d: not reachable ahead of its parent's seal", link.segment_id)
+                if self._links.get(link.segment_id) is link:
+                    del self._links[link.segment_id]
+                return
             if failed and self._closing.is_set():
                 log.info("segment %d: not reachable while closing; giving up", link.segment_id)
                 self._fail_link(link, ProducerClosedError("producer closed while reconnecting"))
@@ -523,6 +537,7 @@ class ScalableTopicProducer:
             link.connects += 1
             self.connections += 1
             link.producer = producer
+            producer.on_sealing = self._on_sealing
             link.buckets = producer.buckets
             link.stored_seq = producer.last_sequence_id
             link.next_seq = max(link.next_seq, producer.last_sequence_id + 1)
@@ -779,11 +794,14 @@ class ScalableTopicProducer:
         successors = sealed.successors
         self._table.seal(link.segment_id, successors)
         self.reroutes += 1
-        # Connect to every successor now, not when its first message comes: the connection
-        # handshake is most of a key's blocked window.
+        # Connect to every successor now (if SEALING did not already), not when its first
+        # message comes: the connection handshake is most of a key's blocked window.
         for successor in successors:
-            if successor.segment_id not in self._links:
+            ahead = self._links.get(successor.segment_id)
+            if ahead is None:
                 self._open_link(successor.segment_id)
+            else:
+                ahead.ahead = False
         log.info(
             "segment %d sealed: re-routing %d messages to %s",
             link.segment_id,
@@ -800,6 +818,17 @@ class ScalableTopicProducer:
                 touched[target.segment_id] = target
         for target in touched.values():
             self._flush(target)
+
+    def _on_sealing(self, successors: list[Successor]) -> None:
+        """A parent's broker began its seal: connect to the successors while the seal is made
+        durable and the controller activates them (their brokers hold the handshakes until
+        then), so that ``SEALED`` finds the connections open."""
+        if self._closed or self._closing.is_set():
+            return
+        for successor in successors:
+            if successor.segment_id not in self._links and successor.broker_url:
+                self._open_link(successor.segment_id, ahead_to=successor.broker_url)
+                self.early_connects += 1
 
     def _routes_to_sealed(self, out: _Out) -> bool:
         if out.hash32 is None:

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -283,9 +283,15 @@ class SegmentProducer:
         hello: Mapping[str, Any],
         *,
         max_inflight_bytes: int | None,
+        version: int = wire.PROTOCOL_VERSION,
     ) -> None:
         self._ws = ws
         self._session = session
+        self.version = version
+        """The negotiated protocol version."""
+        self.on_sealing: Callable[[list[Successor]], None] | None = None
+        """Called with the successors when the broker begins sealing the segment (``SEALING``,
+        version 5). A hint: the seal may still fail, and ``SEALED`` is the verdict."""
         self.producer_name = producer_name
         self._name_bytes = producer_name.encode("utf-8")
         self.segment_id = int(hello["segmentId"])
@@ -333,11 +339,13 @@ class SegmentProducer:
                 autoping=True,
                 timeout=WS_TIMEOUT,
             )
-            _, hello = await _handshake(ws, {"producerName": producer_name})
+            version, hello = await _handshake(ws, {"producerName": producer_name})
         except BaseException:
             await sess.close()
             raise
-        return cls(ws, sess, producer_name, hello, max_inflight_bytes=max_inflight_bytes)
+        return cls(
+            ws, sess, producer_name, hello, max_inflight_bytes=max_inflight_bytes, version=version
+        )
 
     # --- sending -------------------------------------------------------------------------------
 
@@ -465,6 +473,10 @@ class SegmentProducer:
                 elif kind == wire.FRAME_ENTRY_ERROR:
                     body = wire.decode_json_frame(data)
                     self._on_entry_error(body)
+                elif kind == wire.FRAME_SEALING:
+                    successors = wire.decode_sealing(data)
+                    if self.on_sealing is not None:
+                        self.on_sealing(successors)
                 elif kind == wire.FRAME_SEALED:
                     body = wire.decode_json_frame(data)
                     failure = SegmentSealedError(

@@ -23,12 +23,13 @@ from typing import Any, TypeAlias
 
 import mmh3
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """Highest protocol version this codec speaks. Peers negotiate ``min(client, server)``.
 Version 2 (PIP-486 key-shared stream/checkpoint consumers): an Exclusive subscription honours
 the consume ``HELLO``'s ``buckets``, and ``END_OF_BUCKETS`` exists. Version 3 (per-bucket
 ordering across splits, merges and rollovers): ``BUCKETS_DONE`` exists. Version 4 (batch-index
-acknowledgement): ``ACK`` of kind ``ACK_PARTIAL`` and ``ACKED_INDEXES`` exist."""
+acknowledgement): ``ACK`` of kind ``ACK_PARTIAL`` and ``ACKED_INDEXES`` exist. Version 5 (a
+split's blocked window): ``SEALING`` exists."""
 MIN_PROTOCOL_VERSION = 1
 
 ENTRY_FORMAT = 1
@@ -76,6 +77,7 @@ FRAME_SEND = 0x10
 FRAME_SEND_ACK = 0x11
 FRAME_ENTRY_ERROR = 0x12
 FRAME_SEALED = 0x13
+FRAME_SEALING = 0x14
 FRAME_FLOW = 0x20
 FRAME_DELIVER = 0x21
 FRAME_ACK = 0x22
@@ -638,6 +640,25 @@ class Successor:
 
 def encode_sealed(body: Mapping[str, Any]) -> bytes:
     return _json_frame(FRAME_SEALED, body)
+
+
+def encode_sealing(successors: Sequence[Successor]) -> bytes:
+    """The broker began sealing the segment (version 5): a producer may connect to the
+    successors now. Nothing may be routed to them before ``SEALED``: the seal can still fail."""
+    return _json_frame(FRAME_SEALING, {"successors": [s.to_json() for s in successors]})
+
+
+def decode_sealing(frame: bytes | memoryview) -> list[Successor]:
+    if not len(frame) or frame[0] != FRAME_SEALING:
+        raise WireError("malformed", "expected a SEALING frame")
+    body = _json_body(frame, 1)
+    successors = body.get("successors")
+    if not isinstance(successors, list):
+        raise WireError("malformed", "SEALING needs a list of successors")
+    try:
+        return [Successor.from_json(s) for s in successors]
+    except ValueError as exc:
+        raise WireError("malformed", f"SEALING: {exc}") from None
 
 
 def decode_json_frame(frame: bytes | memoryview) -> dict[str, Any]:
