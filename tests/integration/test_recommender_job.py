@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark import SparkContext
 
 from scalable_topics.core.layout import HashRange, SegmentLayout
 from scalable_topics.core.policy import DEFAULT_POLICY
@@ -130,8 +132,17 @@ def spark() -> Iterator[Any]:
         },
     )
     session.sparkContext.setLogLevel("ERROR")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
     session.stop()
+    # Close the Python side of the JVM gateway here, not in the garbage collector at the
+    # worker's exit: py4j logs each connection it closes, and by then pytest has closed the
+    # stream a handler writes to ("--- Logging error ---" at the end of a CI log).
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        gateway.shutdown()
+        SparkContext._gateway = None
+        SparkContext._jvm = None
 
 
 @pytest.fixture(scope="module")
