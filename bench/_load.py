@@ -242,8 +242,8 @@ class _Driver:
                 lag_max = lag
             if now >= self.measure_from:
                 self.lag.record_value(max(1, int(lag * 1e6)))
-            if now >= self.end:
-                break
+            # A tick after the end still generates what was due before it: a stall near the
+            # end must show in the latencies, not shorten the run.
             if rate:
                 due = min(total, int((now - self.start) * rate))
                 k = due - generated
@@ -253,6 +253,8 @@ class _Driver:
                     self.queued += k
                     generated = due
             self.dispatch()
+            if now >= self.end:
+                break
             next_tick += TICK
             if next_tick < now:
                 next_tick = self.start + (int((now - self.start) / TICK) + 1) * TICK

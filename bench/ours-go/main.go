@@ -423,9 +423,8 @@ loop:
 			if now >= p.measure {
 				lags = append(lags, max(1, lag.Microseconds()))
 			}
-			if now >= p.end {
-				break loop
-			}
+			// A tick that fires after the end still generates what was due before it: a
+			// stall near the end must show in the latencies, not shorten the run.
 			if o.rate > 0 {
 				due := min(total, int(now.Seconds()*o.rate))
 				if k := due - generated; k > 0 {
@@ -437,6 +436,9 @@ loop:
 			}
 			if err := p.dispatch(); err != nil {
 				fatal = err
+				break loop
+			}
+			if now >= p.end {
 				break loop
 			}
 			next += tick

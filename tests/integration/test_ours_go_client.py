@@ -52,9 +52,8 @@ def test_segment_bench_produces_what_the_sdk_would_and_reads_it_all_back(tmp_pat
         rate = 20_000.0
         open_loop = _ours_go.produce(ep, PAYLOAD, rate, 1.5, 0.5, batch=64, window=512)
         assert open_loop.errors == 0 and open_loop.unfinished == 0
-        # Generated on 1 ms ticks up to the last tick before the end.
-        assert open_loop.acked == open_loop.sent
-        assert int(rate * 1.5) - rate * 0.003 <= open_loop.sent <= int(rate * 1.5)
+        # Everything due by the end is generated, also when the last tick fires late.
+        assert open_loop.acked == open_loop.sent == int(rate * 1.5)
         # Only messages intended after the warm-up are recorded: a third of them.
         assert open_loop.recorded == pytest.approx(rate * 1.0, rel=0.02)
         # achieved x the 1 s window = the acks inside it. A stall at the warm-up's end moves
