@@ -87,6 +87,22 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def key_windows(
+    acks: dict[str, list[tuple[float, int]]], keys: list[str], parent: int, children: list[int]
+) -> list[float]:
+    """Each key's window in ms: its first acknowledgement on a child minus its last on the
+    parent (``acks``: a key's (time, segment id) acknowledgements); keys not seen on both are
+    left out."""
+    windows = []
+    for key in keys:
+        history = acks.get(key, [])
+        on_parent = [t for t, s in history if s == parent]
+        on_child = [t for t, s in history if s in children]
+        if on_parent and on_child:
+            windows.append(1000.0 * (min(on_child) - max(on_parent)))
+    return windows
+
+
 def _timed(
     fn: Callable[..., Awaitable[Any]], name: str, calls: dict[tuple[str, int], tuple[float, float]]
 ) -> Callable[..., Awaitable[Any]]:
@@ -221,17 +237,9 @@ async def _measure(mode: Mode, base: Path) -> tuple[list[SplitSample], dict[str,
                     first_acks[segment] = min(t, first_acks.get(segment, t))
             for sample in samples:
                 parent_range = env.layout.segments[sample.parent].hash_range
-                for key in keys:
-                    if not parent_range.contains(segment_hash(key)):
-                        continue
-                    history = sorted(acks[key])
-                    on_parent = [t for t, s in history if s == sample.parent]
-                    on_child = [t for t, s in history if s in sample.children]
-                    if not on_parent or not on_child:
-                        continue
-                    window = 1000.0 * (min(on_child) - max(on_parent))
-                    sample.windows_ms.append(window)
-                    sample.excess_ms.append(max(0.0, window - interval_ms))
+                mine = [k for k in keys if parent_range.contains(segment_hash(k))]
+                sample.windows_ms = key_windows(acks, mine, sample.parent, sample.children)
+                sample.excess_ms = [max(0.0, w - interval_ms) for w in sample.windows_ms]
                 sample.stages = _stages(sample, calls, reroutes, stalls, first_acks)
             extra = {
                 "errors": len(errors),

@@ -25,27 +25,16 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.report import Report
-from bench.split import _pct
+from bench.split import FULL, Mode, _pct, key_windows
 
 TOPIC = "window"
 OPENED = re.compile(r"split \S+: children open ([0-9.]+) ms after the parents' seal")
-
-
-@dataclass(frozen=True)
-class Mode:
-    rate: float
-    keys: int
-    splits: int
-    settle: float
-
-
 QUICK = Mode(rate=2000.0, keys=16, splits=3, settle=0.5)
-FULL = Mode(rate=4000.0, keys=32, splits=8, settle=1.0)
+"""Fewer splits than ``bench split``'s quick mode: the control plane's start takes most of it."""
 
 
 def _width(hash_range: dict[str, Any]) -> int:
@@ -66,6 +55,7 @@ async def _measure(mode: Mode, base: Path) -> dict[str, Any]:
         errors: list[BaseException] = []
         stop = asyncio.Event()
         splits: list[tuple[int, int, int]] = []
+        """(parent, first hash, last hash) of each split, in order."""
 
         def record(key: str, future: asyncio.Future[Any]) -> None:
             if future.cancelled():
@@ -108,25 +98,23 @@ async def _measure(mode: Mode, base: Path) -> dict[str, Any]:
             await sender
             await producer.flush()
             early = producer.early_connects
+        parents_of = {
+            segment_id: [int(p) for p in body["spec"].get("parents") or []]
+            for segment_id, body in (await stack.segments(TOPIC)).items()
+        }
         await stack.stop_operators()
         opened = [float(m.group(1)) for m in OPENED.finditer(operator.log())]
 
-    windows: list[float] = []
-    per_split: list[list[float]] = []
-    for parent, start, end in splits:
-        mine: list[float] = []
-        for key in keys:
-            if not start <= segment_hash(key) <= end:
-                continue
-            history = sorted(acks[key])
-            on_parent = [t for t, s in history if s == parent]
-            if not on_parent:
-                continue
-            later = [t for t, s in history if s != parent and t > on_parent[-1]]
-            if later:
-                mine.append(1000.0 * (later[0] - on_parent[-1]))
-        per_split.append(mine)
-        windows.extend(mine)
+    per_split = [
+        key_windows(
+            acks,
+            [k for k in keys if start <= segment_hash(k) <= end],
+            parent,
+            [s for s, parents in parents_of.items() if parent in parents],
+        )
+        for parent, start, end in splits
+    ]
+    windows = [w for mine in per_split for w in mine]
     return {
         "splits": splits,
         "windows": windows,
