@@ -30,7 +30,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from ..core.evaluator import zero_load_status
 from ..core.jsontypes import JsonObj
@@ -534,9 +534,6 @@ class OperationExecutor:
             topic, "Warning", "OperationRolledBack", f"{_describe(operation)} rolled back: {why}"
         )
         return topic
-
-
-T = TypeVar("T")
 
 
 async def _all(calls: list[Coroutine[Any, Any, Any]]) -> None:
