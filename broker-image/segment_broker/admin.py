@@ -112,10 +112,10 @@ class AdminRoutes:
             hosted = hosted_segment(self.store, request)
             body = await read_body(request)
             successors = [wire.Successor.from_json(s) for s in body.get("successors", [])]
-            seg = hosted.segment
-            if successors and not seg.sealed and not seg.sealing and seg.corruption is None:
-                hosted.announce_sealing(successors)
-            seal = await seg.terminate([s.to_json() for s in successors])
+            seal = await hosted.segment.terminate(
+                [s.to_json() for s in successors],
+                on_begin=lambda: hosted.announce_sealing(successors),
+            )
             return web.json_response({"sealed": True, **seal.to_json()})
 
         return await run_admin(request, action)

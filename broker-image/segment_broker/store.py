@@ -102,6 +102,8 @@ class HostedSegment:
         """Tell the producers (version 5) the successors as the seal begins: they connect to
         them while the seal is made durable and the controller activates them, instead of
         after ``SEALED`` (the connection handshake was most of a key's blocked window)."""
+        if not successors:
+            return
         frame = wire.encode_sealing(successors)
         for conn in self.producers.values():
             if conn.version >= 5:

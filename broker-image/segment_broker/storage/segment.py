@@ -498,13 +498,17 @@ class Segment:
 
     # --- seal ----------------------------------------------------------------------------------
 
-    async def terminate(self, successors: list[dict[str, Any]]) -> SealInfo:
+    async def terminate(
+        self, successors: list[dict[str, Any]], *, on_begin: Callable[[], None] | None = None
+    ) -> SealInfo:
         """Seal the segment (idempotent; concurrent calls share one seal).
 
         New appends are refused from the first moment; everything staged before is flushed and
         acknowledged; then the marker is made durable. Producers refused meanwhile wait for the
         marker before they are told the successors, so nobody is redirected to the successors
-        while the parent could still come back unsealed after a crash.
+        while the parent could still come back unsealed after a crash. ``on_begin`` is called
+        when this call starts an attempt (not when the segment is sealed, being sealed or
+        corrupted), before anything is written.
         """
         if self.seal is not None:
             return self.seal
@@ -518,6 +522,8 @@ class Segment:
         fut: asyncio.Future[SealInfo] = loop.create_future()
         self._terminating = fut
         self.sealing = True
+        if on_begin is not None:
+            on_begin()
         try:
             await self.wait_flushed()
             info = SealInfo(self.log.next_position - 1, successors, time.time())

@@ -9,7 +9,7 @@
    redirected without a lookup), and only then activate the children (a producer redirected
    meanwhile is held by the child's broker until it opens), so no moment exists at which a
    parent and one of its children both accept writes; the phase ``ParentsSealed`` is recorded
-   while the children are activated (a new leader learns a seal from the brokers too);
+   after the activation (a new leader learns a seal from the brokers too);
 5. CAS the new layout into ``status.layout`` and clear the intent in the same write;
 6. mark the Segments, tell the consumer hub, emit an event, count it.
 
