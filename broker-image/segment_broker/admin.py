@@ -6,6 +6,7 @@ middleware (:class:`.server.Broker`).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from aiohttp import web
@@ -16,6 +17,8 @@ from scalable_topics.core.subscriptions import BrokerSubscriptionType
 from .routes import hosted_segment, json_error, read_body, run_admin, segment_key
 from .storage.segment import Retention
 from .store import HostedSegment, NotFoundError, SegmentStore
+
+log = logging.getLogger(__name__)
 
 
 class AdminRoutes:
@@ -109,16 +112,47 @@ class AdminRoutes:
 
     async def terminate_segment(self, request: web.Request) -> web.Response:
         async def action() -> web.Response:
+            namespace, topic, _ = segment_key(request)
             hosted = hosted_segment(self.store, request)
             body = await read_body(request)
             successors = [wire.Successor.from_json(s) for s in body.get("successors", [])]
+            to_open = _successors_to_open(body, successors)
+            self._check_openable(namespace, topic, to_open)
             seal = await hosted.segment.terminate(
                 [s.to_json() for s in successors],
                 on_begin=lambda: hosted.announce_sealing(successors),
             )
-            return web.json_response({"sealed": True, **seal.to_json()})
+            opened = [sid for sid in to_open if await self._open_after_seal(namespace, topic, sid)]
+            return web.json_response({"sealed": True, **seal.to_json(), "opened": opened})
 
         return await run_admin(request, action)
+
+    def _check_openable(self, namespace: str, topic: str, to_open: list[int]) -> None:
+        """Before the seal: every successor to open is hosted here, fenced as a new child is
+        (not by an ownership transfer, whose copy must never take writes from this route)."""
+        for sid in to_open:
+            hosted = self.store.segments.get((namespace, topic, sid))
+            if hosted is None:
+                raise ValueError(f"open names successor {sid}, which is not hosted on this broker")
+            reason = hosted.segment.fence_reason
+            if reason is not None:
+                raise ValueError(f"open names successor {sid}, fenced for a transfer ({reason})")
+
+    async def _open_after_seal(self, namespace: str, topic: str, segment_id: int) -> bool:
+        """Activate a successor the seal's caller named in ``open``; a failure leaves it fenced
+        for the controller's own activation step (the seal stands either way)."""
+        try:
+            await self.store.activate(namespace, topic, segment_id)
+        except (NotFoundError, OSError) as exc:
+            log.warning(
+                "%s/%s: successor %d not opened after the seal: %s",
+                namespace,
+                topic,
+                segment_id,
+                exc,
+            )
+            return False
+        return True
 
     async def activate_segment(self, request: web.Request) -> web.Response:
         async def action() -> web.Response:
@@ -223,6 +257,22 @@ def _stats(hosted: HostedSegment) -> dict[str, Any]:
 def _sort_key(h: HostedSegment) -> tuple[str, str, int]:
     m = h.segment.meta
     return (m.namespace, m.topic, m.segment_id)
+
+
+def _successors_to_open(body: dict[str, Any], successors: list[wire.Successor]) -> list[int]:
+    """The ``open`` field of a terminate request: successors hosted here that the controller
+    lets this broker activate once the seal is durable (a split's children placed with their
+    parent, whose only parent is this segment). Each must be one of ``successors``."""
+    raw = body.get("open", [])
+    if not isinstance(raw, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in raw
+    ):
+        raise ValueError("open must be a list of segment ids")
+    named = {s.segment_id for s in successors}
+    unknown = sorted(set(raw) - named)
+    if unknown:
+        raise ValueError(f"open names segments that are not successors: {unknown}")
+    return sorted(set(raw))
 
 
 def _int(body: dict[str, Any], name: str, default: int | None = None) -> int:

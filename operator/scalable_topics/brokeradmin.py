@@ -144,13 +144,18 @@ class SegmentAdmin:
         topic: str,
         segment_id: int,
         successors: Sequence[Successor] = (),
+        *,
+        open_after: Sequence[int] = (),
     ) -> dict[str, Any]:
         """Seal (idempotent); producers are redirected to ``successors`` without a lookup.
-        Returns ``{"sealed", "lastPosition", "successors", "sealedAt"}``."""
+        ``open_after``: successors hosted on the same broker that it activates once the seal is
+        durable (a split's children placed with their parent), saving the caller's round trip.
+        Returns ``{"sealed", "lastPosition", "successors", "sealedAt", "opened"}``."""
+        body: dict[str, Any] = {"successors": [s.to_json() for s in successors]}
+        if open_after:
+            body["open"] = list(open_after)
         return await self._call(
-            "POST",
-            self._path(namespace, topic, segment_id) + "/terminate",
-            {"successors": [s.to_json() for s in successors]},
+            "POST", self._path(namespace, topic, segment_id) + "/terminate", body
         )
 
     async def activate(self, namespace: str, topic: str, segment_id: int) -> dict[str, Any]:
