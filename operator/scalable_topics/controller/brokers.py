@@ -44,13 +44,26 @@ class BrokerPod:
         }
 
 
-def choose_broker(brokers: Iterable[BrokerPod], load: Mapping[str, int]) -> BrokerPod | None:
+def choose_broker(
+    brokers: Iterable[BrokerPod], load: Mapping[str, int], *, beside: str | None = None
+) -> BrokerPod | None:
     """The ready broker hosting the fewest active segments (ties by name, for stable tests);
-    never a cordoned (draining) one."""
+    never a cordoned (draining) one.
+
+    ``beside``: the broker of a split's parent, which a child of that split goes to when that
+    keeps the brokers within one segment of each other, as least-loaded placement does: its
+    count less the parent (which the split seals) is at most the least loaded broker's. Its
+    broker then opens the child as the seal completes, without the controller's round trip
+    (docs/operator.md, "Broker placement"); Pulsar's bundle split keeps the new bundles on
+    their broker the same way."""
     ready = [b for b in brokers if b.ready and not b.cordoned]
     if not ready:
         return None
-    return min(ready, key=lambda b: (load.get(b.name, 0), b.name))
+    least = min(ready, key=lambda b: (load.get(b.name, 0), b.name))
+    home = next((b for b in ready if b.name == beside), None)
+    if home is not None and load.get(home.name, 0) - 1 <= load.get(least.name, 0):
+        return home
+    return least
 
 
 class BrokerAdmin:

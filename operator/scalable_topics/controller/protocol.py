@@ -30,7 +30,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any
+from collections.abc import Set as AbstractSet
+from typing import Any, TypeVar, cast
 
 from ..core.evaluator import zero_load_status
 from ..core.jsontypes import JsonObj
@@ -60,6 +61,7 @@ from .kube import Conflict, KubeApi
 from .status import TypedChange, change_topic_status
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PLACEMENT_ATTEMPTS = 3
 """Compare-and-swaps of a new segment's placement and zero load before it is written without
@@ -195,7 +197,7 @@ class OperationExecutor:
             topic = await self._record_phase(topic, operation)
             self._crash_point("children-created")
         if operation.phase is Phase.CHILDREN_CREATED:
-            await self._seal_parents(topic, operation)
+            by_seal = await self._seal_parents(topic, operation)
             sealed = time.monotonic()
             self._crash_point("parents-sealed")
             operation = operation.advanced(Phase.PARENTS_SEALED)
@@ -203,18 +205,20 @@ class OperationExecutor:
             # server write) comes after it, so that not even the record's encoding delays the
             # activation requests on this event loop. A leader that dies with the children open
             # and the phase not recorded is safe: recovery asks the parents' brokers.
-            await self._activate_children(topic, operation)
+            await self._activate_children(topic, operation, opened=by_seal)
             opened = time.monotonic()
             self._crash_point("children-activated")
             topic = await self._record_phase(topic, operation)
             log.info(
-                "%s/%s: %s %s: children open %.1f ms after the parents' seal (phase recorded "
-                "%.1f ms later)",
+                "%s/%s: %s %s: children open %.1f ms after the parents' seal (%d of %d opened "
+                "by their parent's broker with the seal; phase recorded %.1f ms later)",
                 ns,
                 name,
                 operation.kind,
                 operation.id,
                 1000 * (opened - sealed),
+                len(by_seal),
+                len(operation.children),
                 1000 * (time.monotonic() - opened),
             )
         else:
@@ -247,8 +251,11 @@ class OperationExecutor:
                     found[sub] = kind.subscription_type.value
         return sorted(found.items())
 
-    def _place(self, topic: JsonObj, segment_id: int, existing: JsonObj | None) -> tuple[str, str]:
-        """The broker (pod, url) of a segment: the recorded one, else the least loaded.
+    def _place(
+        self, topic: JsonObj, segment_id: int, existing: JsonObj | None, parents: list[int]
+    ) -> tuple[str, str]:
+        """The broker (pod, url) of a segment: the recorded one, else the least loaded (a
+        split's child: its parent's, when that keeps the brokers balanced; ``choose_broker``).
 
         A segment stays where it was placed unless an ownership transfer moves it
         (``controller.transfer``): its log lives on its broker's volume, and a StatefulSet pod
@@ -263,7 +270,12 @@ class OperationExecutor:
                     f"broker pod {recorded} of segment {segment_id} is not running", "BrokerAway"
                 )
             return pod.name, pod.url
-        choice = choose_broker(self.cache.brokers.values(), self.cache.broker_load())
+        beside = None
+        if len(parents) == 1:
+            ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+            parent = self.cache.segments.get((ns, name), {}).get(parents[0])
+            beside = recorded_broker(parent) if parent is not None else None
+        choice = choose_broker(self.cache.brokers.values(), self.cache.broker_load(), beside=beside)
         if choice is None:
             raise NoBrokerAvailable("no ready segment broker")
         return choice.name, choice.url
@@ -297,7 +309,7 @@ class OperationExecutor:
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         existing = self.cache.segments.get((ns, name), {}).get(segment_id)
         newly_placed = existing is None or recorded_broker(existing) is None
-        pod, url = self._place(topic, segment_id, existing)
+        pod, url = self._place(topic, segment_id, existing, parents)
         body = segment_manifest(
             topic=name,
             namespace=ns,
@@ -311,7 +323,7 @@ class OperationExecutor:
         created = await self.kube.create_segment(body)
         if recorded_broker(created) not in (None, pod):
             # The cache did not have it yet: the placement on record wins.
-            pod, url = self._place(topic, segment_id, created)
+            pod, url = self._place(topic, segment_id, created, parents)
             newly_placed = False
         self.cache.put_segment(created)
         if newly_placed:
@@ -421,8 +433,11 @@ class OperationExecutor:
         elif placed:
             await self.events(topic, "Normal", "Placed", "; ".join(placed))
 
-    async def _seal_parents(self, topic: JsonObj, operation: Operation) -> None:
-        """Terminate every parent (concurrently: the producers' window is the slowest seal)."""
+    async def _seal_parents(self, topic: JsonObj, operation: Operation) -> set[int]:
+        """Terminate every parent (concurrently: the producers' window is the slowest seal).
+        Returns the children their parent's broker opened with the seal: a split's children
+        placed beside their parent (``choose_broker``), whose producers then wait for no
+        controller step."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         urls = self.cache.segment_brokers(ns, name)
         seals = []
@@ -440,15 +455,30 @@ class OperationExecutor:
             url = urls.get(parent)
             if not url:
                 raise broker_unavailable(f"segment {parent} has no broker recorded")
-            seals.append(self.brokers.at(url).terminate(ns, name, parent, successors))
-        await _all(seals)
+            # A split's children beside their parent are opened by its broker as the seal
+            # completes; the activation step after this finds them open.
+            beside = [
+                c.segment_id
+                for c in operation.children
+                if c.parent_ids == (parent,) and urls.get(c.segment_id) == url
+            ]
+            seals.append(
+                self.brokers.at(url).terminate(ns, name, parent, successors, open_after=beside)
+            )
+        replies = await _all(seals)
+        return {int(sid) for reply in replies for sid in reply.get("opened") or []}
 
-    async def _activate_children(self, topic: JsonObj, operation: Operation) -> None:
-        """Open the children for produce: every parent is sealed by now (idempotent)."""
+    async def _activate_children(
+        self, topic: JsonObj, operation: Operation, *, opened: AbstractSet[int] = frozenset()
+    ) -> None:
+        """Open the children for produce: every parent is sealed by now (idempotent). Those in
+        ``opened`` (by their parent's seal) are open already."""
         ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
         urls = self.cache.segment_brokers(ns, name)
         activations = []
         for child in operation.children:
+            if child.segment_id in opened:
+                continue
             url = urls.get(child.segment_id)
             if not url:
                 raise broker_unavailable(f"segment {child.segment_id} has no broker recorded")
@@ -536,12 +566,14 @@ class OperationExecutor:
         return topic
 
 
-async def _all(calls: list[Coroutine[Any, Any, Any]]) -> None:
+async def _all(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
     """Await every call, then raise the first failure (each call is idempotent, so a retry
-    repeats the ones that succeeded harmlessly)."""
-    for result in await asyncio.gather(*calls, return_exceptions=True):
+    repeats the ones that succeeded harmlessly); the results in order."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
         if isinstance(result, BaseException):
             raise result
+    return cast(list[T], results)
 
 
 def _describe(operation: Operation) -> str:
