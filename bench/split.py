@@ -4,9 +4,11 @@ Two real broker processes, the real operator session server (in-process, fed fro
 layouts) and one :class:`~scalable_topics.client.ScalableTopicProducer` sending keyed messages
 at a constant rate (open loop). While it sends, segments are split one after another through
 the brokers' admin API in the protocol's order (children created fenced, parent terminated with
-its successors, children activated, then the DAG push). The producer connects to the successors
-when the ``SEALING`` frame names them (as the seal begins, protocol v5) and re-routes on the
-``SEALED`` frame.
+its successors, children activated, then the DAG push), with the children placed as the
+operator places them (``choose_broker``: beside their parent while the brokers stay balanced,
+and then opened by the parent's seal itself, ``terminate {open}``). The producer connects to
+the successors when the ``SEALING`` frame names them (as the seal begins, protocol v5) and
+re-routes on the ``SEALED`` frame.
 
 For each key of a split segment, the **window** is the time between the key's last
 acknowledgement on the parent and its first acknowledgement on a child. At a constant rate a
@@ -110,9 +112,9 @@ def _timed(
     returned under ``(name, segment id)``."""
 
     @functools.wraps(fn)
-    async def timed(namespace: str, topic: str, segment_id: int, *args: Any) -> Any:
+    async def timed(namespace: str, topic: str, segment_id: int, *args: Any, **kw: Any) -> Any:
         started = time.monotonic()
-        result = await fn(namespace, topic, segment_id, *args)
+        result = await fn(namespace, topic, segment_id, *args, **kw)
         calls[name, segment_id] = (started, time.monotonic())
         return result
 
@@ -172,7 +174,12 @@ async def _measure(mode: Mode, base: Path) -> tuple[list[SplitSample], dict[str,
     with broker_processes(base, 2) as brokers:
         operator = await start_operator()
         env = TopicEnv(
-            operator, [b.url for b in brokers], "bench", "split", subscriptions={"s": "Stream"}
+            operator,
+            [b.url for b in brokers],
+            "bench",
+            "split",
+            subscriptions={"s": "Stream"},
+            operator_placement=True,
         )
         try:
             await env.create(2)

@@ -32,7 +32,9 @@ from bench.report import Report
 from bench.split import FULL, Mode, _pct, key_windows
 
 TOPIC = "window"
-OPENED = re.compile(r"split \S+: children open ([0-9.]+) ms after the parents' seal")
+OPENED = re.compile(
+    r"split \S+: children open ([0-9.]+) ms after the parents' seal \((\d+) of (\d+) opened"
+)
 QUICK = Mode(rate=2000.0, keys=16, splits=3, settle=0.5)
 """Fewer splits than ``bench split``'s quick mode: the control plane's start takes most of it."""
 
@@ -103,7 +105,9 @@ async def _measure(mode: Mode, base: Path) -> dict[str, Any]:
             for segment_id, body in (await stack.segments(TOPIC)).items()
         }
         await stack.stop_operators()
-        opened = [float(m.group(1)) for m in OPENED.finditer(operator.log())]
+        lines = list(OPENED.finditer(operator.log()))
+        opened = [float(m.group(1)) for m in lines]
+        by_seal = [(int(m.group(2)), int(m.group(3))) for m in lines]
 
     per_split = [
         key_windows(
@@ -120,6 +124,7 @@ async def _measure(mode: Mode, base: Path) -> dict[str, Any]:
         "windows": windows,
         "per_split": per_split,
         "opened": opened,
+        "by_seal": by_seal,
         "errors": len(errors),
         "early_connects": early,
         "interval_ms": 1000.0 * mode.keys / mode.rate,
@@ -161,10 +166,13 @@ async def run(report: Report, quick: bool) -> None:
         f"{result['interval_ms']:.1f} ms), {mode.splits} splits asked for with the request "
         "annotation; the real operator and two broker pods on the local control plane, all on "
         f"this machine's cores; {len(windows)} samples; {result['errors']} send errors; the "
-        f"producer connected to {result['early_connects']} children on SEALING (protocol v5)."
+        f"producer connected to {result['early_connects']} children on SEALING (protocol v5); "
+        f"{sum(n for n, _ in result['by_seal'])} of {sum(m for _, m in result['by_seal'])} "
+        "children were opened by their parent's broker with the seal (a split's children "
+        "placed beside their parent), the others by the operator after it."
     )
     section.note(
         "window = a key's first ack on a child minus its last ack on the parent; children "
-        "open = the operator's own figure (its log), from the parents' seal to the children's "
-        "activation."
+        "open = the operator's own figure (its log), from the parents' seal (its terminate "
+        "calls returned) to the children's activation (0 when the seal opened them all)."
     )

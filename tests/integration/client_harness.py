@@ -16,6 +16,7 @@ import contextlib
 import ssl
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from scalable_topics.client.segment import SegmentAdmin, Successor
+from scalable_topics.controller.brokers import BrokerPod, choose_broker
 from scalable_topics.controller.consumers import ConsumerHub
 from scalable_topics.controller.sessions import make_app
 from scalable_topics.core.buckets import initial_layout_buckets, layout_buckets
@@ -148,8 +150,15 @@ class TopicEnv:
         bucket_budget: int = 4,
         grace_period: float = 30.0,
         ca_file: str | None = None,
+        operator_placement: bool = False,
     ) -> None:
         self.operator = operator
+        self.operator_placement = operator_placement
+        """Place a split's children as the operator does (``choose_broker``: beside their
+        parent while the brokers stay balanced, opened by the parent's seal) instead of on the
+        brokers after the parent's, which keeps the tests' re-routes crossing brokers."""
+        self.opened_by_seal: list[int] = []
+        """The children the last split's or merge's seals opened (``terminate {open}``)."""
         self.broker_urls = broker_urls
         self.namespace = namespace
         self.topic = topic
@@ -185,8 +194,10 @@ class TopicEnv:
                 queues=[n for n, t in self.subscriptions.items() if t == "Queue"],
             )
 
-    async def _create_segment(self, segment_id: int, slot: int, *, writable: bool = True) -> None:
-        url = self.broker_urls[slot % len(self.broker_urls)]
+    async def _create_segment(
+        self, segment_id: int, slot: int, *, writable: bool = True, url: str | None = None
+    ) -> None:
+        url = url or self.broker_urls[slot % len(self.broker_urls)]
         info = self.layout.segments[segment_id]
         await self.admins[url].create_segment(
             self.namespace,
@@ -223,11 +234,20 @@ class TopicEnv:
         ``SEALED`` frame arrives. As the operator does, the children are created fenced and
         opened only once every parent is sealed."""
         children = sorted(set(new.segments) - set(self.layout.segments))
+        load = Counter(self.placement[s.segment_id] for s in self.layout.active())
         self.buckets = layout_buckets(new, self.buckets)
         self.layout = new
         for child in children:
             slot = self.broker_urls.index(self.placement[parents[0]]) + 1 + children.index(child)
-            await self._create_segment(child, slot, writable=False)
+            url = None
+            if self.operator_placement:
+                pods = [BrokerPod(u, u, ready=True) for u in self.broker_urls]
+                beside = self.placement[parents[0]] if len(parents) == 1 else None
+                chosen = choose_broker(pods, load, beside=beside)
+                assert chosen is not None
+                url = chosen.url
+                load[url] += 1
+            await self._create_segment(child, slot, writable=False, url=url)
         successors = [
             Successor(
                 c,
@@ -240,12 +260,25 @@ class TopicEnv:
         if early_push is not None:
             self.publish()
             await asyncio.sleep(early_push)
-        await asyncio.gather(
+        sealed = await asyncio.gather(
             *(
-                self.admins[self.placement[p]].terminate(self.namespace, self.topic, p, successors)
+                self.admins[self.placement[p]].terminate(
+                    self.namespace,
+                    self.topic,
+                    p,
+                    successors,
+                    open_after=[
+                        c
+                        for c in children
+                        if self.operator_placement
+                        and new.segments[c].parent_ids == (p,)
+                        and self.placement[c] == self.placement[p]
+                    ],
+                )
                 for p in parents
             )
         )
+        self.opened_by_seal = sorted(sid for reply in sealed for sid in reply.get("opened", []))
         await asyncio.gather(
             *(
                 self.admins[self.placement[c]].activate(self.namespace, self.topic, c)

@@ -33,8 +33,21 @@ SUBS = {"stream": "Stream", "queue": "Queue"}
 KEYS = [f"key-{i}" for i in range(40)]
 
 
-async def _env(operator: OperatorReplica, brokers: list[BrokerProcess], topic: str) -> TopicEnv:
-    env = TopicEnv(operator, [b.url for b in brokers], NS, topic, subscriptions=SUBS)
+async def _env(
+    operator: OperatorReplica,
+    brokers: list[BrokerProcess],
+    topic: str,
+    *,
+    operator_placement: bool = False,
+) -> TopicEnv:
+    env = TopicEnv(
+        operator,
+        [b.url for b in brokers],
+        NS,
+        topic,
+        subscriptions=SUBS,
+        operator_placement=operator_placement,
+    )
     await env.create(2)
     return env
 
@@ -103,12 +116,20 @@ async def _scenario(env: TopicEnv, change: str) -> tuple[KeyedLoad, list[int]]:
     return load, children
 
 
+@pytest.mark.parametrize("beside", [False, True], ids=["children-elsewhere", "children-beside"])
 async def test_split_mid_stream_keeps_every_message_in_key_order(
-    operator: OperatorReplica, brokers: list[BrokerProcess]
+    operator: OperatorReplica, brokers: list[BrokerProcess], beside: bool
 ) -> None:
-    env = await _env(operator, brokers, "split")
+    """Children on other brokers, opened by the controller after the seal; or placed beside
+    their parent as the operator places them, and opened by the parent's seal itself."""
+    env = await _env(operator, brokers, f"split-{int(beside)}", operator_placement=beside)
     try:
         load, children = await _scenario(env, "split")
+        homes = {env.placement[c] for c in children}
+        if beside:
+            assert homes == {env.placement[0]} and env.opened_by_seal == children
+        else:
+            assert homes != {env.placement[0]} and env.opened_by_seal == []
         parent_range = env.layout.segments[0].hash_range
         late = [
             mid
