@@ -6,6 +6,7 @@ middleware (:class:`.server.Broker`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -122,7 +123,10 @@ class AdminRoutes:
                 [s.to_json() for s in successors],
                 on_begin=lambda: hosted.announce_sealing(successors),
             )
-            opened = [sid for sid in to_open if await self._open_after_seal(namespace, topic, sid)]
+            done = await asyncio.gather(
+                *(self._open_after_seal(namespace, topic, sid) for sid in to_open)
+            )
+            opened = [sid for sid, ok in zip(to_open, done, strict=True) if ok]
             return web.json_response({"sealed": True, **seal.to_json(), "opened": opened})
 
         return await run_admin(request, action)
