@@ -37,6 +37,7 @@ class AdminRoutes:
         r.add_delete(seg, self.delete_segment)
         r.add_post(seg + "/terminate", self.terminate_segment)
         r.add_post(seg + "/activate", self.activate_segment)
+        r.add_post(seg + "/successors", self.announce_successors)
         r.add_post(seg + "/truncate", self.truncate_segment)
         r.add_put(seg + "/subscriptions/{subscription}", self.create_subscription)
         r.add_delete(seg + "/subscriptions/{subscription}", self.delete_subscription)
@@ -128,6 +129,19 @@ class AdminRoutes:
             )
             opened = [sid for sid, ok in zip(to_open, done, strict=True) if ok]
             return web.json_response({"sealed": True, **seal.to_json(), "opened": opened})
+
+        return await run_admin(request, action)
+
+    async def announce_successors(self, request: web.Request) -> web.Response:
+        async def action() -> web.Response:
+            hosted = hosted_segment(self.store, request)
+            body = await read_body(request)
+            successors = [wire.Successor.from_json(s) for s in body.get("successors", [])]
+            seg = hosted.segment
+            told = 0
+            if not (seg.sealed or seg.sealing or seg.corruption is not None):
+                told = hosted.announce_sealing(successors)
+            return web.json_response({"producersTold": told})
 
         return await run_admin(request, action)
 

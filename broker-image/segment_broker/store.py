@@ -98,16 +98,20 @@ class HostedSegment:
         """Entries written and not acknowledged, per subscription."""
         return {name: self.segment.backlog(d.cursor) for name, d in self.dispatchers.items()}
 
-    def announce_sealing(self, successors: list[wire.Successor]) -> None:
-        """Tell the producers (version 5) the successors as the seal begins: they connect to
-        them while the seal is made durable and the controller activates them, instead of
-        after ``SEALED`` (the connection handshake was most of a key's blocked window)."""
+    def announce_sealing(self, successors: list[wire.Successor]) -> int:
+        """Tell the producers (version 5) the successors ahead of the seal (when the controller
+        has created them, and again as the seal begins): they connect to them before
+        ``SEALED`` instead of after it (the connection handshake was most of a key's blocked
+        window). Returns how many producers were told."""
         if not successors:
-            return
+            return 0
         frame = wire.encode_sealing(successors)
+        told = 0
         for conn in self.producers.values():
             if conn.version >= 5:
                 conn.send(frame)
+                told += 1
+        return told
 
     def add_dispatcher(self, name: str) -> Dispatcher:
         cursor = self.segment.cursors[name]

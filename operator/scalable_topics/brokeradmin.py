@@ -158,6 +158,19 @@ class SegmentAdmin:
             "POST", self._path(namespace, topic, segment_id) + "/terminate", body
         )
 
+    async def announce_successors(
+        self, namespace: str, topic: str, segment_id: int, successors: Sequence[Successor]
+    ) -> dict[str, Any]:
+        """Name a segment's successors to its producers ahead of its seal (protocol v5
+        ``SEALING``), once they exist fenced on their brokers: the producers connect to them
+        while the controller records its phase and seals. Nothing is said of a segment that
+        is sealed or being sealed. Returns ``{"producersTold"}``."""
+        return await self._call(
+            "POST",
+            self._path(namespace, topic, segment_id) + "/successors",
+            {"successors": [s.to_json() for s in successors]},
+        )
+
     async def activate(self, namespace: str, topic: str, segment_id: int) -> dict[str, Any]:
         """Lift a fenced segment's fence durably (idempotent); returns its summary."""
         return await self._call("POST", self._path(namespace, topic, segment_id) + "/activate")

@@ -187,6 +187,46 @@ async def test_sealing_tells_version_5_producers_the_successors_before_the_seal(
         await late.close()
 
 
+async def test_successors_announced_ahead_of_the_seal_reach_version_5_producers(
+    tmp_path: Path,
+) -> None:
+    """``POST …/successors``: the controller names the children as soon as they exist, and the
+    parent's version-5 producers hear them in a ``SEALING`` frame then, before the seal (a
+    version-4 peer does not); a sealed segment announces nothing."""
+    successors = [Successor(1, 0x0000, 0x7FFF, "http://broker-1:8080")]
+    async with (
+        running_broker(tmp_path) as rb,
+        SegmentAdmin(rb.url) as admin,
+        aiohttp.ClientSession() as http,
+    ):
+        await admin.create_segment(NS, TOPIC, 0, 0, 0xFFFF)
+        heard: list[list[Successor]] = []
+        producer = await SegmentProducer.connect(rb.url, NS, TOPIC, 0, "v5")
+        producer.on_sealing = heard.append
+        ws_url = rb.url.replace("http", "ws", 1)
+        old = await http.ws_connect(f"{ws_url}/ws/v1/produce/{NS}/{TOPIC}/0")
+        await old.send_bytes(wire.encode_hello(4, {"producerName": "v4"}))
+        assert (await old.receive(timeout=10)).data[0] == wire.FRAME_HELLO_OK
+
+        told = await admin.announce_successors(NS, TOPIC, 0, successors)
+        assert told == {"producersTold": 1}
+        async with asyncio.timeout(10):
+            while not heard:  # noqa: ASYNC110 - the frame arrives on the producer's reader
+                await asyncio.sleep(0.01)
+        assert heard == [successors]
+        ack = await (await producer.send_entry([Message(b"still open")]))
+        assert ack.position == 0, "an announcement seals nothing"
+        with pytest.raises(AdminError) as bad:
+            await admin._call("POST", f"/{NS}/{TOPIC}/0/successors", {"successors": [{}]})
+        assert bad.value.status == 400
+
+        await admin.terminate(NS, TOPIC, 0, successors)
+        assert (await old.receive(timeout=10)).data[0] == wire.FRAME_SEALED
+        assert await admin.announce_successors(NS, TOPIC, 0, successors) == {"producersTold": 0}
+        await old.close()
+        await producer.close()
+
+
 async def test_a_producer_refused_during_a_seal_that_fails_reconnects_and_loses_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -251,6 +251,8 @@ async def test_moves_under_keyed_load_lose_and_reorder_nothing(stack: Stack) -> 
             await stack.request(LOAD_TOPIC, {"id": "load-split", "op": "split", "segments": [1]})
             split = await stack.wait_request(LOAD_TOPIC, "load-split", within=90)
             assert split["status"]["lastRequest"]["result"] == "Succeeded", split["status"]
+            assert "successors of #1 named to 1 producer(s) ahead of the seal" in operator.log()
+            assert producer.early_connects >= 2
             await _move(stack, recorder, 1, "load-move-sealed")
             sealed = (await stack.segments(LOAD_TOPIC))[1]
             assert sealed["status"]["state"] == "Sealed"

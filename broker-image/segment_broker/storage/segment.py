@@ -499,7 +499,7 @@ class Segment:
     # --- seal ----------------------------------------------------------------------------------
 
     async def terminate(
-        self, successors: list[dict[str, Any]], *, on_begin: Callable[[], None] | None = None
+        self, successors: list[dict[str, Any]], *, on_begin: Callable[[], object] | None = None
     ) -> SealInfo:
         """Seal the segment (idempotent; concurrent calls share one seal).
 

@@ -820,9 +820,10 @@ class ScalableTopicProducer:
             self._flush(target)
 
     def _on_sealing(self, successors: list[Successor]) -> None:
-        """A parent's broker began its seal: connect to the successors while the seal is made
-        durable and the controller activates them (their brokers hold the handshakes until
-        then), so that ``SEALED`` finds the connections open."""
+        """A parent's broker named its successors ahead of its seal (the controller created
+        them, or the seal began): connect to them now (their brokers hold the handshakes until
+        they are opened), so that ``SEALED`` finds the connections open. Named again as the
+        seal begins, a successor already connected is left as it is."""
         if self._closed or self._closing.is_set():
             return
         for successor in successors:

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any, TypeVar, cast
 
+from ..brokeradmin import AdminError
 from ..core.evaluator import zero_load_status
 from ..core.jsontypes import JsonObj
 from ..core.layout import SegmentLayout
@@ -194,7 +195,11 @@ class OperationExecutor:
         if operation.phase is Phase.INTENT:
             await self._create_children(topic, operation)
             operation = operation.advanced(Phase.CHILDREN_CREATED)
-            topic = await self._record_phase(topic, operation)
+            # The parents' producers connect to the children (held) while the phase is written
+            # and the parents sealed, so that the connection is not in their blocked window.
+            topic, _ = await asyncio.gather(
+                self._record_phase(topic, operation), self._announce_successors(topic, operation)
+            )
             self._crash_point("children-created")
         if operation.phase is Phase.CHILDREN_CREATED:
             by_seal = await self._seal_parents(topic, operation)
@@ -433,6 +438,46 @@ class OperationExecutor:
         elif placed:
             await self.events(topic, "Normal", "Placed", "; ".join(placed))
 
+    def _successors(
+        self, operation: Operation, parent: int, urls: Mapping[int, str]
+    ) -> list[Successor]:
+        return [
+            Successor(
+                c.segment_id, c.hash_range.start, c.hash_range.end, urls.get(c.segment_id, "")
+            )
+            for c in operation.children
+            if parent in c.parent_ids
+        ]
+
+    async def _announce_successors(self, topic: JsonObj, operation: Operation) -> None:
+        """Name the children to the parents' producers ahead of the seal (best effort: the
+        seal names them again as it begins)."""
+        ns, name = topic["metadata"]["namespace"], topic["metadata"]["name"]
+        urls = self.cache.segment_brokers(ns, name)
+
+        async def announce(parent: int) -> None:
+            url = urls.get(parent)
+            if not url:
+                return
+            try:
+                reply = await self.brokers.at(url).announce_successors(
+                    ns, name, parent, self._successors(operation, parent, urls)
+                )
+            except AdminError as exc:
+                log.info("%s/%s: successors of #%d not announced: %s", ns, name, parent, exc)
+                return
+            log.info(
+                "%s/%s: %s %s: successors of #%d named to %s producer(s) ahead of the seal",
+                ns,
+                name,
+                operation.kind,
+                operation.id,
+                parent,
+                reply.get("producersTold"),
+            )
+
+        await asyncio.gather(*(announce(p) for p in operation.parents))
+
     async def _seal_parents(self, topic: JsonObj, operation: Operation) -> set[int]:
         """Terminate every parent (concurrently: the producers' window is the slowest seal).
         Returns the children their parent's broker opened with the seal: a split's children
@@ -442,16 +487,7 @@ class OperationExecutor:
         urls = self.cache.segment_brokers(ns, name)
         seals = []
         for parent in operation.parents:
-            successors = [
-                Successor(
-                    c.segment_id,
-                    c.hash_range.start,
-                    c.hash_range.end,
-                    urls.get(c.segment_id, ""),
-                )
-                for c in operation.children
-                if parent in c.parent_ids
-            ]
+            successors = self._successors(operation, parent, urls)
             url = urls.get(parent)
             if not url:
                 raise broker_unavailable(f"segment {parent} has no broker recorded")
