@@ -23,17 +23,13 @@ from collections import defaultdict
 from collections.abc import Callable
 from functools import partial
 
+from bench._stats import percentile
 from bench.report import Report
 from scalable_topics.core.assignment import CoordinatorResult, SubscriptionCoordinator
 from scalable_topics.core.layout import SegmentLayout
 
 SEGMENTS, BUCKETS, CONSUMERS = 64, 4, 200
 TARGET_P99_MS = 10.0
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def _all(measured: dict[str, list[float]]) -> list[float]:
@@ -124,9 +120,13 @@ def run(report: Report, quick: bool) -> None:
     labels = {"consumers": str(CONSUMERS), "buckets": str(SEGMENTS * BUCKETS)}
     for name, measured in (("event", timings), ("event_cpu", cpu)):
         for kind, values in [*sorted(measured.items()), ("all", _all(measured))]:
-            section.figure(f"{name}_p50", 1000.0 * _pct(values, 0.5), "ms", event=kind, **labels)
-            section.figure(f"{name}_p99", 1000.0 * _pct(values, 0.99), "ms", event=kind, **labels)
-    p99 = 1000.0 * _pct(every, 0.99)
+            section.figure(
+                f"{name}_p50", 1000.0 * percentile(values, 0.5), "ms", event=kind, **labels
+            )
+            section.figure(
+                f"{name}_p99", 1000.0 * percentile(values, 0.99), "ms", event=kind, **labels
+            )
+    p99 = 1000.0 * percentile(every, 0.99)
     section.target(
         "coordinator event p99",
         p99 < TARGET_P99_MS,
@@ -149,9 +149,10 @@ def main() -> None:
     for kind, values in [*sorted(timings.items()), ("all", _all(timings))]:
         used = cpu[kind] if kind != "all" else _all(cpu)
         print(
-            f"{kind:<11} n={len(values):<4} wall p50={1000 * _pct(values, 0.5):6.2f} "
-            f"p99={1000 * _pct(values, 0.99):6.2f} max={1000 * max(values):6.2f} ms   "
-            f"cpu p50={1000 * _pct(used, 0.5):6.2f} p99={1000 * _pct(used, 0.99):6.2f} ms"
+            f"{kind:<11} n={len(values):<4} wall p50={1000 * percentile(values, 0.5):6.2f} "
+            f"p99={1000 * percentile(values, 0.99):6.2f} max={1000 * max(values):6.2f} ms   "
+            f"cpu p50={1000 * percentile(used, 0.5):6.2f} "
+            f"p99={1000 * percentile(used, 0.99):6.2f} ms"
         )
 
 

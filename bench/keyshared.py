@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench._stats import percentile
 from bench.report import Report
 
 TARGET_JOIN_P99_S = 2.0
@@ -71,12 +72,6 @@ def payload(sent_at: float) -> bytes:
 
 def sent_at(value: bytes) -> float:
     return float(value.partition(b"|")[0])
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 @dataclass
@@ -290,40 +285,40 @@ async def run(report: Report, quick: bool) -> None:
     section.figure("consume_rate", rate_all, "msg/s", consumers=str(mode.consumers))
     section.figure("consume_rate", rate_segments, "msg/s", consumers=str(mode.segments))
     if joins:
-        section.figure("join_to_first_p50", _pct(joins, 0.5), "s")
-        section.figure("join_to_first_p99", _pct(joins, 0.99), "s")
+        section.figure("join_to_first_p50", percentile(joins, 0.5), "s")
+        section.figure("join_to_first_p99", percentile(joins, 0.99), "s")
         section.figure("join_to_first_max", max(joins), "s")
         for name, values in (
             ("join_to_assigned", result["register_s"]),
             ("join_nothing_sent", result["nothing_sent_s"]),
             ("join_first_held", result["join_held_s"]),
         ):
-            section.figure(f"{name}_p50", _pct(values, 0.5), "s")
-            section.figure(f"{name}_p99", _pct(values, 0.99), "s")
+            section.figure(f"{name}_p50", percentile(values, 0.5), "s")
+            section.figure(f"{name}_p99", percentile(values, 0.99), "s")
     waits = result["handoff_waits_s"]
     if waits:
-        section.figure("handoff_wait_p50", 1000.0 * _pct(waits, 0.5), "ms")
-        section.figure("handoff_wait_p99", 1000.0 * _pct(waits, 0.99), "ms")
+        section.figure("handoff_wait_p50", 1000.0 * percentile(waits, 0.5), "ms")
+        section.figure("handoff_wait_p99", 1000.0 * percentile(waits, 0.99), "ms")
     for span, latency in result["latency_s"].items():
         if latency:
-            section.figure("latency_p50", 1000.0 * _pct(latency, 0.5), "ms", phase=span)
-            section.figure("latency_p99", 1000.0 * _pct(latency, 0.99), "ms", phase=span)
+            section.figure("latency_p50", 1000.0 * percentile(latency, 0.5), "ms", phase=span)
+            section.figure("latency_p99", 1000.0 * percentile(latency, 0.99), "ms", phase=span)
     if pauses:
-        section.figure("handoff_pause_p50", 1000.0 * _pct(pauses, 0.5), "ms")
-        section.figure("handoff_pause_p99", 1000.0 * _pct(pauses, 0.99), "ms")
+        section.figure("handoff_pause_p50", 1000.0 * percentile(pauses, 0.5), "ms")
+        section.figure("handoff_pause_p99", 1000.0 * percentile(pauses, 0.99), "ms")
         excess = measured.excess
-        section.figure("handoff_excess_p50", 1000.0 * _pct(excess, 0.5), "ms")
-        section.figure("handoff_excess_p99", 1000.0 * _pct(excess, 0.99), "ms")
+        section.figure("handoff_excess_p50", 1000.0 * percentile(excess, 0.5), "ms")
+        section.figure("handoff_excess_p99", 1000.0 * percentile(excess, 0.99), "ms")
     if measured.gaps:
-        section.figure("bucket_gap_p50", 1000.0 * _pct(measured.gaps, 0.5), "ms")
-        section.figure("bucket_gap_p99", 1000.0 * _pct(measured.gaps, 0.99), "ms")
+        section.figure("bucket_gap_p50", 1000.0 * percentile(measured.gaps, 0.5), "ms")
+        section.figure("bucket_gap_p99", 1000.0 * percentile(measured.gaps, 0.99), "ms")
     section.target(
         "every consumer receives messages",
         shares[0] > 0 and not result["never"],
         f"min share {shares[0]} msg, {len(result['never'])} never received",
         "> 0 for all",
     )
-    join_p99 = _pct(joins, 0.99) if joins else float("inf")
+    join_p99 = percentile(joins, 0.99) if joins else float("inf")
     section.target(
         "join to first message p99",
         join_p99 <= TARGET_JOIN_P99_S,

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench._stats import percentile
 from bench.report import Report
 
 TARGET_P99_MS = 50.0
@@ -78,13 +79,6 @@ def disk_write_mb_s(directory: Path, megabytes: int = 64) -> float:
         os.close(fd)
         path.unlink()
     return megabytes * (1 << 20) / (time.monotonic() - started) / 1e6
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(v for v in values if v == v)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 async def _preload(url: str, megabytes: int) -> None:
@@ -204,16 +198,16 @@ async def run(report: Report, quick: bool) -> None:
     slow = [s.pause_ms for s in samples if not s.lookup_less]
     if not fast or not slow:
         raise RuntimeError("no move of one of the two kinds was measured")
-    p99_fast, p99_slow = _pct(fast, 0.99), _pct(slow, 0.99)
-    section.figure("pause_lookup_less_p50", _pct(fast, 0.5), "ms")
+    p99_fast, p99_slow = percentile(fast, 0.99), percentile(slow, 0.99)
+    section.figure("pause_lookup_less_p50", percentile(fast, 0.5), "ms")
     section.figure("pause_lookup_less_p99", p99_fast, "ms")
-    section.figure("pause_rediscovery_p50", _pct(slow, 0.5), "ms")
+    section.figure("pause_rediscovery_p50", percentile(slow, 0.5), "ms")
     section.figure("pause_rediscovery_p99", p99_slow, "ms")
     for size in mode.log_sizes_mb:
         fenced = [s.fenced_ms for s in samples if s.log_mb == size]
-        section.figure(f"fenced_p50_{size}mb", _pct(fenced, 0.5), "ms")
+        section.figure(f"fenced_p50_{size}mb", percentile(fenced, 0.5), "ms")
     copy_rates = [s.copy_mb_s for s in samples if s.copy_mb_s == s.copy_mb_s]
-    section.figure("catch_up_copy_p50", _pct(copy_rates, 0.5), "MB/s")
+    section.figure("catch_up_copy_p50", percentile(copy_rates, 0.5), "MB/s")
     section.figure("disk_sequential_write", disk, "MB/s")
     section.table(
         "Moves",
@@ -246,7 +240,7 @@ async def run(report: Report, quick: bool) -> None:
         "by the old owner; fenced = fence to the destination owning the segment (final tail "
         "copy and the DAG push included; it does not grow with the log: the catch-up copy "
         "happens before the fence). The catch-up copy is relayed through this process (the "
-        f"leader's path): p50 {_pct(copy_rates, 0.5):.0f} MB/s, next to {disk:.0f} MB/s of "
+        f"leader's path): p50 {percentile(copy_rates, 0.5):.0f} MB/s, next to {disk:.0f} MB/s of "
         "sequential writes (1 MiB writes, one fsync) on the same disk."
     )
     section.data.update({"samples": [s.__dict__ for s in samples], "mode": mode.__dict__})

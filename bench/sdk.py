@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench._stats import percentile
 from bench.report import Report
 
 NS, SUB = "bench", "s"
@@ -75,13 +76,6 @@ QUICK = Mode(warmup=0.5, step=2.0, drain=5.0)
 FULL = Mode(warmup=1.0, step=6.0, drain=10.0)
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 @dataclass
 class Counts:
     """What one measured window saw; latencies in seconds."""
@@ -97,10 +91,10 @@ class Counts:
         return {
             "produce_msg_s": self.acked / seconds,
             "e2e_msg_s": self.received / seconds,
-            "publish_p50_ms": 1000 * _pct(self.publish, 0.5),
-            "publish_p99_ms": 1000 * _pct(self.publish, 0.99),
-            "e2e_p50_ms": 1000 * _pct(self.e2e, 0.5),
-            "e2e_p99_ms": 1000 * _pct(self.e2e, 0.99),
+            "publish_p50_ms": 1000 * percentile(self.publish, 0.5),
+            "publish_p99_ms": 1000 * percentile(self.publish, 0.99),
+            "e2e_p50_ms": 1000 * percentile(self.e2e, 0.5),
+            "e2e_p99_ms": 1000 * percentile(self.e2e, 0.99),
             "e2e_max_ms": 1000 * max(self.e2e, default=float("nan")),
             "errors": float(self.errors),
             "gc_share": self.gc_seconds / seconds,

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench._stats import percentile
 from bench.report import Report
 
 TARGET_P99_MS = 20.0
@@ -79,14 +80,6 @@ class Stages:
     activated: float
     first_ack: float
     stalled: float
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def key_windows(
@@ -250,8 +243,8 @@ async def _measure(mode: Mode, base: Path) -> tuple[list[SplitSample], dict[str,
                 sample.stages = _stages(sample, calls, reroutes, stalls, first_acks)
             extra = {
                 "errors": len(errors),
-                "latency_p50_ms": 1000.0 * _pct(latencies, 0.5),
-                "latency_p99_ms": 1000.0 * _pct(latencies, 0.99),
+                "latency_p50_ms": 1000.0 * percentile(latencies, 0.5),
+                "latency_p99_ms": 1000.0 * percentile(latencies, 0.99),
                 "messages": len(latencies),
                 "interval_ms": interval_ms,
             }
@@ -270,12 +263,12 @@ async def run(report: Report, quick: bool) -> None:
     excess = [w for s in samples for w in s.excess_ms]
     if not windows:
         raise RuntimeError("no key was observed on both a parent and a child")
-    p50, p99, worst = _pct(windows, 0.5), _pct(windows, 0.99), max(windows)
+    p50, p99, worst = percentile(windows, 0.5), percentile(windows, 0.99), max(windows)
     section.figure("window_p50", p50, "ms")
     section.figure("window_p99", p99, "ms")
     section.figure("window_max", worst, "ms")
-    section.figure("excess_p50", _pct(excess, 0.5), "ms")
-    section.figure("excess_p99", _pct(excess, 0.99), "ms")
+    section.figure("excess_p50", percentile(excess, 0.5), "ms")
+    section.figure("excess_p99", percentile(excess, 0.99), "ms")
     section.figure("publish_latency_p50", extra["latency_p50_ms"], "ms")
     section.figure("publish_latency_p99", extra["latency_p99_ms"], "ms")
     section.table(

@@ -28,8 +28,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench._stats import percentile
 from bench.report import Report
-from bench.split import FULL, Mode, _pct, key_windows
+from bench.split import FULL, Mode, key_windows
 
 TOPIC = "window"
 OPENED = re.compile(
@@ -139,8 +140,8 @@ async def run(report: Report, quick: bool) -> None:
     windows, opened = result["windows"], result["opened"]
     if not windows:
         raise RuntimeError("no key was observed on both a parent and a child")
-    section.figure("window_p50", _pct(windows, 0.5), "ms")
-    section.figure("window_p99", _pct(windows, 0.99), "ms")
+    section.figure("window_p50", percentile(windows, 0.5), "ms")
+    section.figure("window_p99", percentile(windows, 0.99), "ms")
     section.figure("window_max", max(windows), "ms")
     if opened:
         section.figure("children_open_p50", statistics.median(opened), "ms")
