@@ -25,7 +25,15 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any
 
@@ -430,8 +438,13 @@ class SegmentProducer:
         self.last_sequence_id = max(self.last_sequence_id, seq)
         if self._inflight_bytes >= self.max_inflight_bytes:
             self._window.clear()
-        task = self._loop.create_task(self._ws.send_bytes(frame))
-        task.add_done_callback(self._sent)
+        try:
+            task = send_now(self._ws, frame)
+        except Exception as exc:
+            self._fail(ConnectionClosedError("Closed", f"send failed: {exc}"))
+        else:
+            if task is not None:
+                task.add_done_callback(self._sent)
         return future
 
     def _sent(self, task: asyncio.Task[None]) -> None:
@@ -810,8 +823,12 @@ class SegmentConsumer:
     def _send(self, frame: bytes) -> None:
         if self._ws.closed:
             return
-        task = self._loop.create_task(self._ws.send_bytes(frame))
-        task.add_done_callback(_ignore_result)
+        try:
+            task = send_now(self._ws, frame)
+        except Exception:
+            return  # the connection is going: the reader sees it end
+        if task is not None:
+            task.add_done_callback(_ignore_result)
 
     def ack(self, position: int) -> None:
         """Acknowledge one entry (batched: sent at the end of the current loop iteration)."""
@@ -892,6 +909,65 @@ async def _cancel_and_wait(task: asyncio.Task[Any]) -> None:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
             raise
+
+
+def send_now(ws: aiohttp.ClientWebSocketResponse, frame: bytes) -> asyncio.Task[None] | None:
+    """Write ``frame`` now, in call order, without a task per frame.
+
+    aiohttp writes an uncompressed frame into the transport synchronously and only then, past
+    its buffer limit with the transport paused, waits for the drain. So the send coroutine is
+    run to its first suspension here: usually it finishes (the frame is in the socket's
+    buffer when this returns, not one loop iteration later as with a task, which is a hop of
+    up to a millisecond on a busy loop); a send that waits for the drain goes on in the task
+    returned. Its failure to write raises here."""
+    coro = ws.send_bytes(frame)
+    try:
+        awaiting = coro.send(None)
+    except StopIteration:
+        return None
+    except BaseException:
+        coro.close()
+        raise
+    blocking = getattr(awaiting, "_asyncio_future_blocking", None)
+    if blocking:
+        # What a task does with a future its coroutine yields: the drain waiter is shared, and
+        # another send awaiting it before this task runs must find it not claimed.
+        awaiting._asyncio_future_blocking = False
+    return asyncio.get_running_loop().create_task(_resume(coro, awaiting, bool(blocking)))
+
+
+class _Resumed:
+    """What a coroutine suspended on its first step awaits, awaited for it by the task this
+    runs in, and the coroutine continued with the outcome (a cancellation is thrown in)."""
+
+    __slots__ = ("_awaiting", "_blocking", "_coro")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], awaiting: Any, blocking: bool) -> None:
+        self._coro = coro
+        self._awaiting = awaiting
+        self._blocking = blocking
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, awaiting = self._coro, self._awaiting
+        if self._blocking:
+            awaiting._asyncio_future_blocking = True
+        while True:
+            try:
+                value = yield awaiting
+            except BaseException as exc:
+                try:
+                    awaiting = coro.throw(exc)
+                except StopIteration:
+                    return
+                continue
+            try:
+                awaiting = coro.send(value)
+            except StopIteration:
+                return
+
+
+async def _resume(coro: Coroutine[Any, Any, None], awaiting: Any, blocking: bool) -> None:
+    await _Resumed(coro, awaiting, blocking)
 
 
 def _ignore_result(task: asyncio.Task[Any]) -> None:
