@@ -438,17 +438,6 @@ class OperationExecutor:
         elif placed:
             await self.events(topic, "Normal", "Placed", "; ".join(placed))
 
-    def _successors(
-        self, operation: Operation, parent: int, urls: Mapping[int, str]
-    ) -> list[Successor]:
-        return [
-            Successor(
-                c.segment_id, c.hash_range.start, c.hash_range.end, urls.get(c.segment_id, "")
-            )
-            for c in operation.children
-            if parent in c.parent_ids
-        ]
-
     async def _announce_successors(self, topic: JsonObj, operation: Operation) -> None:
         """Name the children to the parents' producers ahead of the seal (best effort: the
         seal names them again as it begins)."""
@@ -461,7 +450,7 @@ class OperationExecutor:
                 return
             try:
                 reply = await self.brokers.at(url).announce_successors(
-                    ns, name, parent, self._successors(operation, parent, urls)
+                    ns, name, parent, _successors(operation, parent, urls)
                 )
             except AdminError as exc:
                 log.info("%s/%s: successors of #%d not announced: %s", ns, name, parent, exc)
@@ -487,7 +476,7 @@ class OperationExecutor:
         urls = self.cache.segment_brokers(ns, name)
         seals = []
         for parent in operation.parents:
-            successors = self._successors(operation, parent, urls)
+            successors = _successors(operation, parent, urls)
             url = urls.get(parent)
             if not url:
                 raise broker_unavailable(f"segment {parent} has no broker recorded")
@@ -600,6 +589,15 @@ class OperationExecutor:
             topic, "Warning", "OperationRolledBack", f"{_describe(operation)} rolled back: {why}"
         )
         return topic
+
+
+def _successors(operation: Operation, parent: int, urls: Mapping[int, str]) -> list[Successor]:
+    """The children of ``parent`` as its broker tells them to producers."""
+    return [
+        Successor(c.segment_id, c.hash_range.start, c.hash_range.end, urls.get(c.segment_id, ""))
+        for c in operation.children
+        if parent in c.parent_ids
+    ]
 
 
 async def _all(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
