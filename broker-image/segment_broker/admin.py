@@ -117,7 +117,7 @@ class AdminRoutes:
             namespace, topic, _ = segment_key(request)
             hosted = hosted_segment(self.store, request)
             body = await read_body(request)
-            successors = [wire.Successor.from_json(s) for s in body.get("successors", [])]
+            successors = _successors(body)
             to_open = _successors_to_open(body, successors)
             self._check_openable(namespace, topic, to_open)
             seal = await hosted.segment.terminate(
@@ -136,7 +136,7 @@ class AdminRoutes:
         async def action() -> web.Response:
             hosted = hosted_segment(self.store, request)
             body = await read_body(request)
-            successors = [wire.Successor.from_json(s) for s in body.get("successors", [])]
+            successors = _successors(body)
             seg = hosted.segment
             told = 0
             if not (seg.sealed or seg.sealing or seg.corruption is not None):
@@ -275,6 +275,11 @@ def _stats(hosted: HostedSegment) -> dict[str, Any]:
 def _sort_key(h: HostedSegment) -> tuple[str, str, int]:
     m = h.segment.meta
     return (m.namespace, m.topic, m.segment_id)
+
+
+def _successors(body: dict[str, Any]) -> list[wire.Successor]:
+    """The ``successors`` of a terminate or announce request, checked."""
+    return [wire.Successor.from_json(s) for s in body.get("successors", [])]
 
 
 def _successors_to_open(body: dict[str, Any], successors: list[wire.Successor]) -> list[int]:
