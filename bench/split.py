@@ -61,6 +61,8 @@ class SplitSample:
     windows_ms: list[float] = field(default_factory=list)
     excess_ms: list[float] = field(default_factory=list)
     rerouted: int = 0
+    opened_by_seal: list[int] = field(default_factory=list)
+    """Children the parent's broker opened with its seal (``terminate {open}``)."""
     stages: Stages | None = None
 
 
@@ -70,10 +72,11 @@ class Stages:
 
     ``sealed``: the admin call returned (the broker fsynced the seal marker); ``sealed_frame``:
     the producer had handled the ``SEALED`` frame (its re-route count went up); ``activated``:
-    the last child's activate call returned (its broker releases the producer's held
-    handshake then); ``first_ack``: the first acknowledgement on a child. ``stalled``: how long
-    this process's event loop (producer, admin client and session server share it) did not run
-    between the seal and the first child ack, in gaps over :data:`STALL_MS`."""
+    the last child was open (its broker releases the producer's held handshake then): when
+    the seal opened it, as ``sealed``, else when its activate call returned; ``first_ack``:
+    the first acknowledgement on a child. ``stalled``: how long this process's event loop
+    (producer, admin client and session server share it) did not run between the seal and
+    the first child ack, in gaps over :data:`STALL_MS`."""
 
     sealed: float
     sealed_frame: float
@@ -140,9 +143,15 @@ def _stages(
     first_acks: dict[int, float],
 ) -> Stages | None:
     terminate = calls.get(("terminate", sample.parent))
-    activates = [calls["activate", c] for c in sample.children if ("activate", c) in calls]
+    if terminate is None:
+        return None
+    activates = [
+        terminate if c in sample.opened_by_seal else calls["activate", c]
+        for c in sample.children
+        if c in sample.opened_by_seal or ("activate", c) in calls
+    ]
     child_acks = [first_acks[c] for c in sample.children if c in first_acks]
-    if terminate is None or not activates or not child_acks:
+    if not activates or not child_acks:
         return None
     t0 = terminate[0]
     first_ack = min(child_acks)
@@ -223,7 +232,9 @@ async def _measure(mode: Mode, base: Path) -> tuple[list[SplitSample], dict[str,
                     target = max(env.layout.active(), key=lambda s: s.hash_range.size)
                     before = producer.reroutes
                     children = await env.split(target.segment_id)
-                    samples.append(SplitSample(target.segment_id, children))
+                    samples.append(
+                        SplitSample(target.segment_id, children, opened_by_seal=env.opened_by_seal)
+                    )
                     await asyncio.sleep(mode.settle)
                     samples[-1].rerouted = producer.reroutes - before
                 stop.set()
