@@ -240,7 +240,14 @@ async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
             # every new segment (one write each, within their 10 s interval), before the
             # window opens.
             await asyncio.sleep(15)
+            rest_before = await _api_requests(kubectl, cluster.kubeconfig)
             writes, total = await _count_writes(api, window)
+            rest_after = await _api_requests(kubectl, cluster.kubeconfig)
+            result["rest_requests"] = {
+                key: count
+                for key, count in sorted((rest_after - rest_before).items())
+                if count
+            }
             result["window_seconds"] = window
             result["writes"] = dict(writes)
             result["writes_total"] = total
@@ -318,7 +325,7 @@ async def _operator_metrics(api: Any) -> dict[str, float]:
     wanted: dict[str, float] = {}
     for line in text.splitlines():
         match = re.match(
-            r"^(scalable_topic_(?:status_writes_total|reconciles_total)\{[^}]*\}|"
+            r"^(scalable_topic_(?:status_writes_total|reconciles_total|reads_total)\{[^}]*\}|"
             r"process_resident_memory_bytes) (\S+)$",
             line,
         )
@@ -369,6 +376,22 @@ def _record(section: Section, r: dict[str, Any]) -> None:
             ["request", "count", "per topic"],
             [[key, n, round(n / topics, 2)] for key, n in rows if n >= topics / 20]
             + [["all", sum(n for _, n in rows), round(sum(n for _, n in rows) / topics, 2)]],
+        )
+    if r.get("rest_requests"):
+        rows = sorted(r["rest_requests"].items(), key=lambda kv: -kv[1])
+        minutes = r["window_seconds"] / 60.0
+        section.table(
+            f"API requests during the {r['window_seconds']:.0f} s at rest, every client's "
+            "(the bench's own watches and listings included), most first",
+            ["request", "count", "per topic per minute"],
+            [[key, n, round(n / topics / minutes, 3)] for key, n in rows]
+            + [
+                [
+                    "all",
+                    sum(n for _, n in rows),
+                    round(sum(n for _, n in rows) / topics / minutes, 3),
+                ]
+            ],
         )
     if r.get("ready_timeline"):
         section.note(

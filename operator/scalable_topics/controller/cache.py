@@ -66,6 +66,18 @@ def pod_broker(pod: Mapping[str, Any], port: int = 8080, scheme: str = "http") -
     )
 
 
+def _older(meta: Mapping[str, Any], held: Mapping[str, Any]) -> bool:
+    """Whether ``meta`` is an earlier version of the same object as ``held``. The resource
+    versions of one resource compare as positive integers (apimachinery's
+    ``resourceversion.CompareResourceVersion``); one that is not well formed is taken as newer."""
+    if meta.get("uid") != held.get("uid"):
+        return False
+    try:
+        return int(meta.get("resourceVersion", "")) < int(held.get("resourceVersion", ""))
+    except ValueError:
+        return False
+
+
 DELETED_KEPT = 4096
 """Deleted Segments' uids the cache remembers, so that a stale copy does not come back."""
 
@@ -88,8 +100,10 @@ class TopicCache:
         """Every Segment the API server held when this replica started came through the
         watch before it led a shard (``controller.initialsync``), and the watch has kept them
         since: a topic with none here has none at all, unless a Segment was created after that
-        by another writer, which only the topic's leader is, and only after it wrote the
-        topic's layout (so a topic without a layout has none)."""
+        by another writer, which only the topic's previous leader can have been, at least a
+        Lease duration ago. Even then a new topic's Segments come out the same: the first
+        layout is fixed by the spec, a create of an existing Segment returns it, and the
+        placement on record wins (``OperationExecutor.ensure_segment``)."""
         self.brokers: dict[str, BrokerPod] = {}
         self._changed: dict[Key, asyncio.Event] = defaultdict(asyncio.Event)
         self._fingerprints: dict[Key, Any] = {}
@@ -110,8 +124,14 @@ class TopicCache:
     # -- feeding -------------------------------------------------------------------------------
 
     def put_topic(self, body: JsonObj) -> None:
+        """Keep ``body`` unless the cache holds a later version of the topic: the answer of the
+        operator's own write can come before the watch event of an earlier one, and a
+        reconcile pass starts from this copy (``TopicReconciler``)."""
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
+        held = self.topics.get(key)
+        if held is not None and _older(meta, held["metadata"]):
+            return
         self.topics[key] = body
         self._maybe_notify(key)
 

@@ -11,7 +11,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -67,6 +67,10 @@ class KubeApi:
     def __init__(self, api_client: k8s.ApiClient) -> None:
         self.api_client = api_client
         self._own_versions: dict[tuple[str, str], deque[str]] = {}
+        self.on_topic_written: Callable[[JsonObj], None] | None = None
+        """Called with every topic this client wrote, as the API server answered: the
+        operator's cache takes it, so that whatever reads the cache next sees this replica's
+        own writes without waiting for their watch events (``TopicReconciler.wired``)."""
         self._namespaces: dict[str, tuple[float, Mapping[str, str]]] = {}
         self.custom = k8s.CustomObjectsApi(api_client)
         self.core = k8s.CoreV1Api(api_client)
@@ -100,6 +104,8 @@ class KubeApi:
         if versions is None:
             versions = self._own_versions[key] = deque(maxlen=self.OWN_VERSIONS_KEPT)
         versions.append(str(meta.get("resourceVersion")))
+        if self.on_topic_written is not None:
+            self.on_topic_written(obj)
         return obj
 
     def wrote_version(self, namespace: str, name: str, resource_version: str) -> bool:

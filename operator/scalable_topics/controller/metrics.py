@@ -104,6 +104,12 @@ RECONCILE_SECONDS = Histogram(
     "Duration of one topic reconciliation",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+TOPIC_READS = Counter(
+    "scalable_topic_reads_total",
+    "Topics a reconcile pass started from, by source: the watch cache's copy or a read at the "
+    "API server",
+    ("source",),
+)
 STATUS_WRITES = Counter(
     "scalable_topic_status_writes_total",
     "Status writes, by object kind and outcome",
