@@ -20,8 +20,10 @@ import pytest_asyncio
 
 from scalable_topics.client.segment import SegmentError, SegmentProducer
 from scalable_topics.controller.protocol import FAULT_POINTS
+from scalable_topics.controller.segments import CREATION_FAULT_POINTS
 from scalable_topics.core import wire
 from scalable_topics.core.layout import SegmentLayout
+from scalable_topics.core.transfer import recorded_broker
 
 from .operator_harness import (
     JsonObj,
@@ -55,10 +57,12 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
         yield running
 
 
-async def hello(http: aiohttp.ClientSession, url: str, segment_id: int) -> JsonObj:
+async def hello(
+    http: aiohttp.ClientSession, url: str, segment_id: int, topic: str = TOPIC
+) -> JsonObj:
     """The broker's ``HELLO_OK`` for a producer on the segment (docs/protocol.md, Produce)."""
     async with http.ws_connect(
-        f"{url.replace('http', 'ws', 1)}/ws/v1/produce/default/{TOPIC}/{segment_id}"
+        f"{url.replace('http', 'ws', 1)}/ws/v1/produce/default/{topic}/{segment_id}"
     ) as ws:
         await ws.send_bytes(wire.encode_hello(wire.PROTOCOL_VERSION, {"producerName": "probe"}))
         message = await ws.receive(timeout=10)
@@ -67,17 +71,17 @@ async def hello(http: aiohttp.ClientSession, url: str, segment_id: int) -> JsonO
         return dict(wire.decode_hello_ok(message.data)[1])
 
 
-async def accepts_writes(stack: Stack, url: str, segment_id: int) -> bool:
+async def accepts_writes(stack: Stack, url: str, segment_id: int, topic: str = TOPIC) -> bool:
     """Whether the broker takes a produce on the segment right now: not fenced (a fenced
     segment holds the handshake and then refuses it, tests/integration/test_broker_fence.py),
     not sealed at the handshake, and an entry sent is acknowledged (stored)."""
-    stats = await stack.segment_stats(url, TOPIC, segment_id)
+    stats = await stack.segment_stats(url, topic, segment_id)
     if stats is None or stats.get("writable") is False:
         return False
     async with aiohttp.ClientSession() as http:
-        if (await hello(http, url, segment_id)).get("sealed"):
+        if (await hello(http, url, segment_id, topic)).get("sealed"):
             return False
-    producer = await SegmentProducer.connect(url, "default", TOPIC, segment_id, "probe")
+    producer = await SegmentProducer.connect(url, "default", topic, segment_id, "probe")
     try:
         ack = await asyncio.wait_for(await producer.send_entry([wire.Message(b"probe")]), 10)
         return ack is not None
@@ -87,23 +91,23 @@ async def accepts_writes(stack: Stack, url: str, segment_id: int) -> bool:
         await producer.close()
 
 
-async def writable_segments(stack: Stack) -> set[int]:
+async def writable_segments(stack: Stack, name: str = TOPIC) -> set[int]:
     return {
         sid
-        for sid, url in (await stack.broker_segments(TOPIC)).items()
-        if await accepts_writes(stack, url, sid)
+        for sid, url in (await stack.broker_segments(name)).items()
+        if await accepts_writes(stack, url, sid, name)
     }
 
 
-async def consistent(stack: Stack) -> SegmentLayout:
-    topic = await stack.topic(TOPIC)
+async def consistent(stack: Stack, name: str = TOPIC) -> SegmentLayout:
+    topic = await stack.topic(name)
     assert topic is not None
     assert not topic["status"].get("operation"), topic["status"].get("operation")
     layout = SegmentLayout.from_metadata(topic["status"]["layout"])
     layout.validate()
-    segments = await stack.segments(TOPIC)
+    segments = await stack.segments(name)
     assert set(segments) == set(layout.segments), (sorted(segments), sorted(layout.segments))
-    on_brokers = await stack.broker_segments(TOPIC)
+    on_brokers = await stack.broker_segments(name)
     assert set(on_brokers) == set(layout.segments)
     for sid, info in layout.segments.items():
         state = (segments[sid].get("status") or {}).get("state")
@@ -194,3 +198,43 @@ async def test_split_then_merge_survive_crash(stack: Stack, point: str) -> None:
     assert final.epoch == after.epoch + 1
     assert final.segments[merged_child].parent_ids == tuple(children)
     assert await writable_segments(stack) == {s.segment_id for s in final.active()}
+
+
+@pytest.mark.parametrize("point", CREATION_FAULT_POINTS)
+async def test_a_new_topic_survives_a_crash_before_its_layout_is_recorded(
+    stack: Stack, point: str
+) -> None:
+    """A new topic's layout is recorded with its Ready status, after its Segments exist. An
+    operator that dies in between (one segment placed, or all of them) leaves Segments without
+    a layout. The next leader finds only Segments of the first layout
+    (``core.rebuild.unfinished_creation``) and finishes the creation: Ready at epoch 0 with
+    the first layout's ranges, each segment on the broker first chosen for it."""
+    name = f"born-{point}"
+    doomed = await start(stack, f"doomed-{point}", f"crash-after:{point}")
+    await stack.apply_topic(topic_body(name, segments=2))
+    code = await doomed.wait(60)
+    assert code == -9, f"exit {code}\n{doomed.log()[-3000:]}"
+    crashed = await stack.topic(name)
+    assert crashed is not None
+    assert not (crashed.get("status") or {}).get("layout"), crashed.get("status")
+    left = await stack.segments(name)
+    assert len(left) == (1 if point == "first-segment-placed" else 2), sorted(left)
+    placed = {sid: recorded_broker(seg) for sid, seg in left.items()}
+    assert all(placed.values()), left
+
+    fresh = await start(stack, f"fresh-{point}")
+    topic = await stack.wait_ready(name)
+    layout = await eventually(lambda: consistent(stack, name), 30, f"{name}: a consistent topic")
+    await stack.stop_operators()
+    assert fresh.proc.returncode == 0, fresh.log()[-3000:]
+    # Finished as the creation it was, not rebuilt as a lost layout (no new epoch, no warning).
+    assert "finishing the creation a pass began" in fresh.log(), fresh.log()[-3000:]
+    assert "status.layout was missing" not in fresh.log()
+    assert topic["status"]["epoch"] == 0, topic["status"]
+
+    first = SegmentLayout.initial(2)
+    assert {s.hash_range for s in layout.active()} == {s.hash_range for s in first.active()}
+    segments = await stack.segments(name)
+    for sid, pod in placed.items():
+        assert recorded_broker(segments[sid]) == pod, (sid, segments[sid].get("status"))
+    assert await writable_segments(stack, name) == {s.segment_id for s in layout.active()}

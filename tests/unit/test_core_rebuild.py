@@ -25,6 +25,7 @@ from scalable_topics.core.rebuild import (
     record_from_segment,
     request_after_rebuild,
     subscription_entries,
+    unfinished_creation,
 )
 from scalable_topics.core.resources import SegmentPhase
 
@@ -635,3 +636,75 @@ def test_a_second_rebuild_goes_above_the_first() -> None:
         "status": {"state": "Active", "createdAtEpoch": 2, "recordedAtEpoch": 7},
     }
     assert record_from_segment(body).recorded_at_epoch == 7
+
+
+# -- a creation that a pass did not finish ---------------------------------------------------
+
+
+@given(
+    count=st.integers(1, 8),
+    data=st.data(),
+)
+@SETTINGS
+def test_segments_of_the_first_layout_alone_are_a_creation_to_finish(
+    count: int, data: st.DataObject
+) -> None:
+    """Any part of the first layout's Segments, Pending (not on a broker yet) or Active (on
+    one, its epoch recorded or not), with brokers holding some of them: a creation that a pass
+    began and did not finish."""
+    first = SegmentLayout.initial(count)
+    ids = data.draw(st.sets(st.sampled_from(sorted(first.segments)), min_size=1), label="ids")
+    records = [
+        SegmentRecord(
+            segment_id=sid,
+            hash_range=first.segments[sid].hash_range,
+            state=data.draw(st.sampled_from([SegmentPhase.PENDING, SegmentPhase.ACTIVE])),
+            created_at_epoch=data.draw(st.sampled_from([None, 0])),
+        )
+        for sid in sorted(ids)
+    ]
+    on_brokers = data.draw(st.sets(st.sampled_from(sorted(ids))), label="on brokers")
+    reports = [r for r in reports_of(first) if r.segment_id in on_brokers]
+    assert unfinished_creation(records, reports, first)
+
+
+@given(histories())
+@SETTINGS
+def test_a_topic_that_ever_changed_its_layout_is_never_a_creation_to_finish(
+    history: tuple[SegmentLayout, dict[int, tuple[int, ...]], list[int]],
+) -> None:
+    layout, origin, _ = history
+    first = SegmentLayout.initial(sum(1 for sid in layout.segments if sid not in origin) or 1)
+    if layout.next_segment_id == len(first.segments):
+        return  # no operation ever ran: the first layout itself
+    records = records_of(layout, origin)
+    assert not unfinished_creation(records, reports_of(layout), first)
+    assert not unfinished_creation(records, [], first)
+
+
+def test_what_is_not_the_start_of_a_creation_is_rebuilt() -> None:
+    first = SegmentLayout.initial(2)
+    zero, one = (first.segments[i] for i in (0, 1))
+    record = SegmentRecord(segment_id=0, hash_range=zero.hash_range, created_at_epoch=0)
+    reports = reports_of(first)
+    assert unfinished_creation([record], reports[:1], first)
+    cases = {
+        "nothing recorded": ([], []),
+        "a broker holds a segment without its Segment": ([record], reports),
+        "a sealed Segment": ([replace(record, state=SegmentPhase.SEALED)], []),
+        "a seal's epoch": ([replace(record, sealed_at_epoch=1)], []),
+        "a later epoch": ([replace(record, created_at_epoch=3)], []),
+        "a parent": ([replace(record, parent_ids=(5,))], []),
+        "another range (initialSegments changed)": (
+            [replace(record, hash_range=HashRange(0, 0x3FFF))],
+            [],
+        ),
+        "an id the first layout does not have": ([replace(record, segment_id=2)], []),
+        "a sealed segment on its broker": (
+            [record],
+            [replace(reports[0], sealed=True, successors=(2, 3))],
+        ),
+        "a broker's other range": ([record], [replace(reports[0], hash_range=one.hash_range)]),
+    }
+    for why, (records, found) in cases.items():
+        assert not unfinished_creation(records, found, first), why

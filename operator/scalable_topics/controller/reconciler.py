@@ -7,6 +7,7 @@ interrupted anywhere (crash, lost Lease) and simply run again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -24,9 +25,11 @@ from ..core.policy import (
     resolve_policy,
 )
 from ..core.rebuild import (
+    BrokerReport,
     rebuild_layout,
     record_from_segment,
     subscription_entries,
+    unfinished_creation,
 )
 from ..core.resources import (
     ANNOTATION_AUTOSCALE_POLICY,
@@ -65,6 +68,7 @@ from .restore import (
     BrokersUnanswered,
     adopt,
     broker_reports,
+    controlled_by,
     record_epoch,
     write_missing_segments,
 )
@@ -126,6 +130,26 @@ def settled(topic: JsonObj, *, has_segments: bool) -> bool:
         if handled is None or loose_request(raw)[0] != str(handled):
             return False
     return True
+
+
+def _unfinished_creation(
+    topic: JsonObj, spec: ScalableTopicSpec, bodies: list[JsonObj], reports: list[BrokerReport]
+) -> bool:
+    """``core.rebuild.unfinished_creation`` for Segments all of this uid of the topic."""
+    uid = str(topic["metadata"].get("uid"))
+    if not all(controlled_by(b, uid) for b in bodies):
+        return False
+    try:
+        records = [record_from_segment(b) for b in bodies]
+    except ValueError:
+        return False
+    return unfinished_creation(records, reports, SegmentLayout.initial(spec.initial_segments))
+
+
+def recording(status: ScalableTopicStatus, layout: SegmentLayout | None) -> ScalableTopicStatus:
+    """``status`` with ``layout`` as a new topic's first layout, unless it has one already (a
+    compare-and-swap found another writer's)."""
+    return status if layout is None or status.layout else with_layout(status, layout)
 
 
 def kube_events(kube: KubeApi) -> EventSink:
@@ -391,6 +415,8 @@ class TopicReconciler:
             await self._not_ready(topic, Reason.LAYOUT_INVALID, problem_text, stalled=True)
             return
         fresh = False
+        unrecorded: SegmentLayout | None = None
+        """A new topic's first layout, recorded with its Ready status (one write, not two)."""
         if layout is None:
             # Without a layout, Segments or broker data mean a lost status, never a new topic.
             restored = await self._rebuild(topic, spec)
@@ -408,7 +434,12 @@ class TopicReconciler:
                     topic, Reason.INVALID_SPEC, unbuildable, stalled=True, unbuilt=True
                 )
                 return
-            topic, layout = await self._initialize(topic, spec)
+            if (topic["metadata"].get("annotations") or {}).get(ANNOTATION_REQUEST):
+                # A request can start an operation in this very pass, whose intent is a
+                # change of the recorded layout: record it first.
+                topic, layout = await self._initialize(topic, spec)
+            else:
+                layout = unrecorded = SegmentLayout.initial(spec.initial_segments)
 
         if (topic.get("status") or {}).get("operation"):
             topic = await self.executor.resume(topic)
@@ -420,7 +451,17 @@ class TopicReconciler:
         try:
             await self.segments.ensure(topic, layout, spec, new=fresh)
         except (NoBrokerAvailable, SegmentsUnavailable) as exc:
-            await self._not_ready(topic, Reason.BROKERS_UNAVAILABLE, str(exc))
+            await self._not_ready(
+                topic, Reason.BROKERS_UNAVAILABLE, str(exc), unrecorded=unrecorded
+            )
+            raise
+        except Exception:
+            if unrecorded is not None:
+                # Segments of it may exist now: their layout goes on record before the error
+                # is retried, as if it had been written first. (A crash here leaves them for
+                # the next pass to rebuild the layout from: "Lost status".)
+                with contextlib.suppress(Exception):
+                    await self._initialize(topic, spec)
             raise
 
         topic = await self.requests.handle(topic, layout, spec)
@@ -433,7 +474,7 @@ class TopicReconciler:
         new_topic = None
         if fresh and self.new_topic_status is not None:
             new_topic = self.new_topic_status(topic, layout, spec, resolution)
-        topic = await self._write_status(topic, layout, problem, new_topic)
+        topic = await self._write_status(topic, layout, problem, new_topic, unrecorded)
         metrics.observe_layout(namespace, name, layout_of(topic) or layout)
         if problem and (
             not previous or previous.reason != problem[0] or previous.message != problem[1]
@@ -476,6 +517,15 @@ class TopicReconciler:
             await self._not_ready(topic, Reason.BROKERS_UNAVAILABLE, str(exc))
             raise
         if not bodies and not reports:
+            return topic, None
+        if _unfinished_creation(topic, spec, bodies, reports):
+            log.info(
+                "%s/%s: %d Segment(s) of the first layout and no layout: finishing the "
+                "creation a pass began",
+                ns,
+                name,
+                len(bodies),
+            )
             return topic, None
         try:
             rebuilt = rebuild_layout(
@@ -554,7 +604,7 @@ class TopicReconciler:
         layout = SegmentLayout.initial(spec.initial_segments)
 
         def change(status: ScalableTopicStatus, obj: JsonObj) -> ScalableTopicStatus:
-            return status if status.layout else with_layout(status, layout)
+            return recording(status, layout)
 
         meta = topic["metadata"]
         topic = await change_topic_status(
@@ -571,10 +621,12 @@ class TopicReconciler:
         *,
         stalled: bool = False,
         unbuilt: bool = False,
+        unrecorded: SegmentLayout | None = None,
     ) -> None:
         """Ready=False (and Stalled=True if ``stalled``) with ``reason``; a Warning event when
         it is news. ``unbuilt``: nothing exists for the topic, and the status says so (no
-        layout, 0 active segments) whatever an earlier pass wrote."""
+        layout, 0 active segments) whatever an earlier pass wrote. ``unrecorded``: a new
+        topic's first layout, recorded with it (its Segments may exist)."""
         meta = topic["metadata"]
         generation = meta.get("generation")
         previous = read_status(topic.get("status")).condition(ConditionType.READY)
@@ -584,7 +636,7 @@ class TopicReconciler:
             meta["namespace"],
             meta["name"],
             lambda status, _: not_ready(
-                status,
+                recording(status, unrecorded),
                 reason,
                 message,
                 generation=generation,
@@ -603,10 +655,12 @@ class TopicReconciler:
         layout: SegmentLayout,
         problem: tuple[str, str] | None = None,
         new_topic: NewTopicStatus | None = None,
+        unrecorded: SegmentLayout | None = None,
     ) -> JsonObj:
         """The level-based status; ``problem`` (reason, message) is a spec error that needs a
         human: Ready=False and Stalled=True with it, everything else as usual. ``new_topic``:
-        what the other writers would write next into a topic this pass created."""
+        what the other writers would write next into a topic this pass created;
+        ``unrecorded``: its first layout."""
         meta = topic["metadata"]
         ns, name = meta["namespace"], meta["name"]
         generation = meta.get("generation")
@@ -617,7 +671,7 @@ class TopicReconciler:
 
         def change(status: ScalableTopicStatus, obj: JsonObj) -> ScalableTopicStatus:
             status = reconciled(
-                status,
+                recording(status, unrecorded),
                 layout,
                 generation=generation,
                 now=now,

@@ -77,6 +77,12 @@ async def broker_reports(
     return reports
 
 
+def controlled_by(body: JsonObj, uid: str) -> bool:
+    """Whether the object's controller owner is the object of ``uid``."""
+    refs = (body.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("uid") == uid and r.get("controller") for r in refs)
+
+
 async def adopt(
     kube: KubeApi, cache: TopicCache, topic: JsonObj, segments: Iterable[JsonObj]
 ) -> int:
@@ -86,9 +92,9 @@ async def adopt(
     owner = topic_owner_reference(meta["name"], meta["uid"])
     taken = 0
     for body in segments:
-        refs = (body.get("metadata") or {}).get("ownerReferences") or []
-        if any(r.get("uid") == meta["uid"] and r.get("controller") for r in refs):
+        if controlled_by(body, meta["uid"]):
             continue
+        refs = (body.get("metadata") or {}).get("ownerReferences") or []
         name = body["metadata"]["name"]
         others = [r for r in refs if r.get("kind") != TOPIC_KIND or r.get("name") != meta["name"]]
         updated = await kube.patch_segment(

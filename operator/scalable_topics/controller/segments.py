@@ -20,6 +20,7 @@ from ..core.resources import ScalableTopicSpec, format_time, segment_name
 from ..core.transfer import recorded_broker
 from .brokers import BrokerAdmin
 from .cache import TopicCache
+from .faults import crash_after, fault_point
 from .kube import KubeApi
 from .protocol import EventSink, OperationExecutor
 from .restore import BrokersUnanswered, broker_reports, write_missing_segments
@@ -27,6 +28,11 @@ from .restore import BrokersUnanswered, broker_reports, write_missing_segments
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
+
+CREATION_FAULT_POINTS = ("first-segment-placed", "segments-placed")
+"""Where a new topic's pass can be made to crash (``controller.faults``): after its first
+segment is on its broker, and after all of them are, before the Ready write that records the
+layout (tests/integration/test_operator_crash.py)."""
 
 
 class SegmentsUnavailable(Exception):
@@ -58,6 +64,7 @@ class SegmentKeeper:
         """Segments pruned from the DAG whose broker pod is away (deleted on a later pass)."""
         self._unknown: dict[Key, tuple[int, ...]] = {}
         """Segments outside the layout that it never handed out (kept), as last logged."""
+        self.fault = fault_point(CREATION_FAULT_POINTS)
 
     def forget(self, key: Key) -> None:
         self._leftovers.pop(key, None)
@@ -159,6 +166,8 @@ class SegmentKeeper:
                             pending.append(info.segment_id)
                             failures.append(str(exc))
                             continue
+                        if new:
+                            crash_after(self.fault, "first-segment-placed")
                     elif set(status.get("subscriptions") or []) != wanted:
                         await self._sync_subscriptions(
                             topic, info.segment_id, status, subscriptions
@@ -177,6 +186,8 @@ class SegmentKeeper:
             await self.executor.announce_placed(topic, placed, created=layout if new else None)
         if failures:
             raise SegmentsUnavailable(pending, "; ".join(failures))
+        if new:
+            crash_after(self.fault, "segments-placed")
         await self.remove_orphans(topic, layout)
 
     def _segments_of(self, ns: str, name: str) -> Mapping[int, JsonObj]:

@@ -44,6 +44,7 @@ __all__ = [
     "record_from_segment",
     "request_after_rebuild",
     "subscription_entries",
+    "unfinished_creation",
 ]
 
 
@@ -498,6 +499,40 @@ def rebuild_layout(
         raise LayoutRebuildError(problems)
     buckets = {sid: r.buckets for sid, r in records.items()}
     return Rebuilt(layout, operation, buckets, from_brokers)
+
+
+def unfinished_creation(
+    records: Collection[SegmentRecord], reports: Iterable[BrokerReport], first: SegmentLayout
+) -> bool:
+    """Whether what exists of a topic without a layout is the start of its creation, as a
+    pass that died before its Ready write leaves it (a new topic's first layout is recorded
+    with Ready, after its Segments are created): Segment records only, each a segment of the
+    ``first`` layout (its id and range, no parents, not sealed, no other epoch), and brokers
+    holding nothing but those, unsealed. Such a topic is created to the end (the first layout,
+    the placements on record), not rebuilt; anything else is rebuilt.
+
+    The caller checks what records cannot say: that every Segment belongs to this uid of the
+    topic (a re-created topic's Segments are taken over by a rebuild)."""
+    if not records:
+        return False
+    ranges = {r.segment_id: r.hash_range for r in records}
+    for record in records:
+        info = first.segments.get(record.segment_id)
+        if (
+            info is None
+            or record.hash_range != info.hash_range
+            or record.parent_ids
+            or record.state is SegmentPhase.SEALED
+            or record.created_at_epoch not in (None, first.epoch)
+            or record.sealed_at_epoch is not None
+        ):
+            return False
+    return all(
+        ranges.get(report.segment_id) == report.hash_range
+        and not report.sealed
+        and not report.successors
+        for report in reports
+    )
 
 
 @dataclass(frozen=True)
