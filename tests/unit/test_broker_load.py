@@ -152,6 +152,34 @@ def test_segment_is_idempotent_and_remove_forgets_everything() -> None:
     assert reporter.forgotten == [("ns", "t", 1)]
 
 
+def test_gauges_follow_the_rates_when_only_moved_ones_are_set_again() -> None:
+    """An idle segment's gauges are not set again at every step, yet every gauge holds the
+    segment's current rates: up, steady, back to zero, and again after the segment was removed
+    and came back (its series gone in between)."""
+    clock = Clock(T0)
+    registry = CollectorRegistry()
+    tracker = LoadTracker(CountingReporter(), None, clock=clock, registry=registry)
+    labels = {"namespace": "ns", "topic": "t", "segment": "0"}
+
+    def rate() -> float | None:
+        return registry.get_sample_value("segment_broker_msg_rate_in", labels)
+
+    load = tracker.segment("ns", "t", 0, "0000-ffff-0", (0, 0xFFFF))
+    tracker.export(tracker.tick(T0 + 10))
+    assert rate() == 0.0
+    load.record_in(60, 600, None)
+    tracker.export(tracker.tick(T0 + 20))
+    assert rate() == pytest.approx(60 / 20)
+    for step in range(3, 12):
+        tracker.export(tracker.tick(T0 + 10 * step))
+    assert rate() == 0.0, "the busy bucket left the 60 s window"
+    tracker.remove("ns", "t", 0)
+    assert rate() is None
+    tracker.segment("ns", "t", 0, "0000-ffff-0", (0, 0xFFFF))
+    tracker.export(tracker.tick(T0 + 130))
+    assert rate() == 0.0, "a segment that came back gets its series again"
+
+
 def test_invalid_arguments_are_rejected() -> None:
     clock = Clock(T0)
     tracker = make_tracker(clock)
