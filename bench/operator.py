@@ -241,8 +241,14 @@ async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
             # window opens.
             await asyncio.sleep(15)
             rest_before = await _api_requests(kubectl, cluster.kubeconfig)
+            rest_cpu_before = cpu_by_role(CPU_ROLES)
             writes, total = await _count_writes(api, window)
+            rest_cpu_after = cpu_by_role(CPU_ROLES)
             rest_after = await _api_requests(kubectl, cluster.kubeconfig)
+            result["rest_cpu_seconds"] = {
+                role: round(rest_cpu_after.get(role, 0.0) - rest_cpu_before.get(role, 0.0), 1)
+                for role in CPU_ROLES
+            }
             result["rest_requests"] = {
                 key: count
                 for key, count in sorted((rest_after - rest_before).items())
@@ -367,6 +373,14 @@ def _record(section: Section, r: dict[str, Any]) -> None:
                     round(sum(cpu.values()) / r["ready_seconds"], 2),
                 ]
             ],
+        )
+    if r.get("rest_cpu_seconds"):
+        cpu = r["rest_cpu_seconds"]
+        section.table(
+            f"CPU during the {r['window_seconds']:.0f} s at rest ({topics} topics; the resync "
+            "passes over every topic, the auto-scaler's evaluations, the brokers' load sampling)",
+            ["process", "CPU seconds", "cores on average"],
+            [[role, s, round(s / r["window_seconds"], 2)] for role, s in cpu.items() if s],
         )
     if r.get("api_requests"):
         rows = sorted(r["api_requests"].items(), key=lambda kv: -kv[1])

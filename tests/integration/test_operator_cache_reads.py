@@ -46,6 +46,8 @@ class Pass:
     cache: TopicCache
     api: RestClient
     namespace: str
+    leader: dict[str, str]
+    """What ``controller_ref`` answers: the leading pod and its URL."""
 
     async def run(self, name: str) -> None:
         await self.reconciler.reconcile((self.namespace, name))
@@ -81,6 +83,7 @@ async def passes(local_cluster: ClusterNamespace, tmp_path: Path) -> AsyncIterat
             cache.brokers[pod] = dataclasses.replace(cache.brokers[pod], url=running.url)
         cache.segments_complete = True
         events = kube_events(kube)
+        leader = {"pod": "test", "url": "http://controller"}
         executor = OperationExecutor(kube, admin, cache, events=events)
         reconciler = TopicReconciler.wired(
             kube,
@@ -89,11 +92,11 @@ async def passes(local_cluster: ClusterNamespace, tmp_path: Path) -> AsyncIterat
             executor,
             events=events,
             leads=lambda namespace, name: True,
-            controller_ref=lambda namespace, name: {"pod": "test", "url": "http://controller"},
+            controller_ref=lambda namespace, name: dict(leader),
             defaults=DEFAULT_POLICY,
         )
         try:
-            yield Pass(reconciler, cache, api, ns)
+            yield Pass(reconciler, cache, api, ns, leader)
         finally:
             await admin.close()
             await api.close()
@@ -162,6 +165,14 @@ async def test_a_steady_topics_pass_reads_and_writes_nothing_at_the_api_server(
     assert (_reads("cache"), _reads("api")) == (cached + 2, fresh)
     after = await passes.api.get(TOPICS, ns, "steady")
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+    # A steady pass does not compute the status again, yet a change of what the status says
+    # that is not in the topic (here, the leader) is still written.
+    passes.leader.update(pod="successor", url="http://successor")
+    await passes.run("steady")
+    moved = await passes.api.get(TOPICS, ns, "steady")
+    assert moved["status"]["controller"]["pod"] == "successor", moved["status"]["controller"]
+    assert _ready(moved)
 
 
 async def test_a_deletion_is_finalized_from_a_fresh_read(passes: Pass) -> None:

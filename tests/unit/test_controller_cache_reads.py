@@ -113,3 +113,22 @@ def test_a_version_that_is_not_a_number_is_taken_as_newer() -> None:
     cache.put_topic(_topic(rv="50"))
     cache.put_topic(_topic(rv="opaque"))
     assert cache.topics[("ns", "orders")]["metadata"]["resourceVersion"] == "opaque"
+
+
+def test_a_layout_is_parsed_once_per_version_of_its_topic() -> None:
+    """``layout_of`` keeps one parsed layout per topic and version: a pass and an evaluation
+    over the same version share it; a new version is parsed again."""
+    from scalable_topics.controller.cache import layout_of
+    from scalable_topics.core.layout import SegmentLayout
+
+    first = SegmentLayout.initial(2)
+    topic = _topic(rv="40", uid="uid-layout")
+    topic["status"] = {"layout": first.to_metadata()}
+    parsed = layout_of(topic)
+    assert parsed == first
+    assert layout_of(topic) is parsed
+    split = first.split(0)
+    later = _topic(rv="41", uid="uid-layout")
+    later["status"] = {"layout": split.to_metadata()}
+    assert layout_of(later) == split
+    assert layout_of(_topic(rv="42", uid="uid-layout", layout=False)) is None

@@ -22,14 +22,31 @@ from .brokers import BrokerPod
 Key = tuple[str, str]
 
 
+_PARSED_KEPT = 100_000
+_parsed: dict[str, tuple[str, SegmentLayout | None]] = {}
+"""uid → (resourceVersion, its layout): a topic's layout is parsed once per version, not at
+every pass and evaluation over it (a tenth of the operator's CPU at rest with 10,000 topics)."""
+
+
 def layout_of(topic: Mapping[str, Any]) -> SegmentLayout | None:
     raw = (topic.get("status") or {}).get("layout")
     if not raw:
         return None
+    meta = topic.get("metadata") or {}
+    uid, version = meta.get("uid"), meta.get("resourceVersion")
+    if uid and version:
+        held = _parsed.get(uid)
+        if held is not None and held[0] == version:
+            return held[1]
     try:
-        return SegmentLayout.from_metadata(raw)
+        layout: SegmentLayout | None = SegmentLayout.from_metadata(raw)
     except ValueError:
-        return None
+        layout = None
+    if uid and version:
+        if len(_parsed) >= _PARSED_KEPT:
+            _parsed.clear()
+        _parsed[uid] = (version, layout)
+    return layout
 
 
 def pod_broker(pod: Mapping[str, Any], port: int = 8080, scheme: str = "http") -> BrokerPod | None:

@@ -221,6 +221,9 @@ class TopicReconciler:
         """The cluster-wide level (the ConfigMap the operator watches, ``clusterdefaults``)."""
         self._policy_state: dict[Key, tuple[Resolution | None, str | None]] = {}
         """This pass's resolution and policy problem, for ``status.autoScale``."""
+        self._status_inputs: dict[Key, tuple[Any, tuple[Any, ...]]] = {}
+        """Per topic, the resourceVersion whose status the last pass found (or wrote) current,
+        and that pass's inputs to the status (``_write_status``)."""
 
     @classmethod
     def wired(
@@ -292,6 +295,7 @@ class TopicReconciler:
         self.segments.forget(key)
         self.retention.forget(key)
         self._policy_state.pop(key, None)
+        self._status_inputs.pop(key, None)
         self.policies.drop(key)
 
     async def namespace_policy(self, namespace: str) -> str | None:
@@ -664,9 +668,14 @@ class TopicReconciler:
         meta = topic["metadata"]
         ns, name = meta["namespace"], meta["name"]
         generation = meta.get("generation")
-        controller = ControllerRef.model_validate(self.controller_ref(ns, name))
+        leader = self.controller_ref(ns, name)
         leftovers = self.segments.leftovers((ns, name))
         policy = self._policy_state.get((ns, name))
+        inputs = (generation, layout, problem, tuple(leftovers), policy, sorted(leader.items()))
+        steady = new_topic is None and unrecorded is None
+        if steady and self._status_inputs.get((ns, name)) == (meta.get("resourceVersion"), inputs):
+            return topic
+        controller = ControllerRef.model_validate(leader)
         now = self.clock()
 
         def change(status: ScalableTopicStatus, obj: JsonObj) -> ScalableTopicStatus:
@@ -690,7 +699,12 @@ class TopicReconciler:
                     )
             return status
 
-        return await change_topic_status(self.kube, ns, name, change, topic=topic)
+        written = await change_topic_status(self.kube, ns, name, change, topic=topic)
+        if steady:
+            # The status of this version is what these inputs make: until either changes, a
+            # pass (a resync's over a steady topic) need not compute it again.
+            self._status_inputs[(ns, name)] = (written["metadata"].get("resourceVersion"), inputs)
+        return written
 
     async def _finalize(self, topic: JsonObj) -> None:
         meta = topic["metadata"]
