@@ -462,8 +462,8 @@ class TopicReconciler:
         except Exception:
             if unrecorded is not None:
                 # Segments of it may exist now: their layout goes on record before the error
-                # is retried, as if it had been written first. (A crash here leaves them for
-                # the next pass to rebuild the layout from: "Lost status".)
+                # is retried, as if it had been written first. (A crash here leaves them to
+                # the next pass, which finishes the creation: ``_unfinished_creation``.)
                 with contextlib.suppress(Exception):
                     await self._initialize(topic, spec)
             raise
