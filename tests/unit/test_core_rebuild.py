@@ -694,6 +694,10 @@ def test_what_is_not_the_start_of_a_creation_is_rebuilt() -> None:
         "a sealed Segment": ([replace(record, state=SegmentPhase.SEALED)], []),
         "a seal's epoch": ([replace(record, sealed_at_epoch=1)], []),
         "a later epoch": ([replace(record, created_at_epoch=3)], []),
+        "an epoch a rebuild recorded (the topic's epoch would go back to 0)": (
+            [replace(record, recorded_at_epoch=4)],
+            [],
+        ),
         "a parent": ([replace(record, parent_ids=(5,))], []),
         "another range (initialSegments changed)": (
             [replace(record, hash_range=HashRange(0, 0x3FFF))],

@@ -507,8 +507,9 @@ def unfinished_creation(
     """Whether what exists of a topic without a layout is the start of its creation, as a
     pass that died before its Ready write leaves it (a new topic's first layout is recorded
     with Ready, after its Segments are created): Segment records only, each a segment of the
-    ``first`` layout (its id and range, no parents, not sealed, no other epoch), and brokers
-    holding nothing but those, unsealed. Such a topic is created to the end (the first layout,
+    ``first`` layout (its id and range, no parents, not sealed, no other epoch, no epoch a
+    rebuild recorded: the topic's epoch never goes back), and brokers holding nothing but
+    those, unsealed. Such a topic is created to the end (the first layout,
     the placements on record), not rebuilt; anything else is rebuilt.
 
     The caller checks what records cannot say: that every Segment belongs to this uid of the
@@ -525,6 +526,7 @@ def unfinished_creation(
             or record.state is SegmentPhase.SEALED
             or record.created_at_epoch not in (None, first.epoch)
             or record.sealed_at_epoch is not None
+            or record.recorded_at_epoch is not None
         ):
             return False
     return all(
