@@ -250,9 +250,7 @@ async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
                 for role in CPU_ROLES
             }
             result["rest_requests"] = {
-                key: count
-                for key, count in sorted((rest_after - rest_before).items())
-                if count
+                key: count for key, count in sorted((rest_after - rest_before).items()) if count
             }
             result["window_seconds"] = window
             result["writes"] = dict(writes)
