@@ -220,15 +220,8 @@ async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
             result["ready_seconds"] = time.monotonic() - started
             cpu_after = cpu_by_role(CPU_ROLES)
             requests_after = await _api_requests(kubectl, cluster.kubeconfig)
-            result["api_requests"] = {
-                key: count
-                for key, count in sorted((requests_after - requests_before).items())
-                if count
-            }
-            result["cpu_seconds"] = {
-                role: round(cpu_after.get(role, 0.0) - cpu_before.get(role, 0.0), 1)
-                for role in CPU_ROLES
-            }
+            result["api_requests"] = _requests_between(requests_before, requests_after)
+            result["cpu_seconds"] = _cpu_between(cpu_before, cpu_after)
             result["ready_timeline"] = timeline
             items, _ = await api.list(topics_res, TOPIC_NAMESPACE)
             assert sum(1 for t in items if _ready(t)) == topics
@@ -245,13 +238,8 @@ async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
             writes, total = await _count_writes(api, window)
             rest_cpu_after = cpu_by_role(CPU_ROLES)
             rest_after = await _api_requests(kubectl, cluster.kubeconfig)
-            result["rest_cpu_seconds"] = {
-                role: round(rest_cpu_after.get(role, 0.0) - rest_cpu_before.get(role, 0.0), 1)
-                for role in CPU_ROLES
-            }
-            result["rest_requests"] = {
-                key: count for key, count in sorted((rest_after - rest_before).items()) if count
-            }
+            result["rest_cpu_seconds"] = _cpu_between(rest_cpu_before, rest_cpu_after)
+            result["rest_requests"] = _requests_between(rest_before, rest_after)
             result["window_seconds"] = window
             result["writes"] = dict(writes)
             result["writes_total"] = total
@@ -261,6 +249,21 @@ async def measure(topics: int, window: float, work: Path) -> dict[str, Any]:
         finally:
             await api.close()
     return result
+
+
+def _cpu_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds of each role between two ``cpu_by_role`` readings."""
+    return {role: round(after.get(role, 0.0) - before.get(role, 0.0), 1) for role in CPU_ROLES}
+
+
+def _requests_between(before: Counter[str], after: Counter[str]) -> dict[str, int]:
+    """Requests served between two ``_api_requests`` readings, by kind (those with any)."""
+    return {key: count for key, count in sorted((after - before).items()) if count}
+
+
+def _cpu_rows(cpu: dict[str, float], seconds: float) -> list[list[Any]]:
+    """A CPU table's rows: each role that used any, with its share of a core."""
+    return [[role, s, round(s / seconds, 2)] for role, s in cpu.items() if s]
 
 
 async def _api_requests(kubectl: Path, kubeconfig: Path) -> Counter[str]:
@@ -363,13 +366,13 @@ def _record(section: Section, r: dict[str, Any]) -> None:
             f"CPU while {topics} topics became Ready ({r['ready_seconds']:.0f} s, "
             f"{os.cpu_count()} cores)",
             ["process", "CPU seconds", "cores on average"],
-            [[role, s, round(s / r["ready_seconds"], 2)] for role, s in cpu.items() if s]
-            + [
+            [
+                *_cpu_rows(cpu, r["ready_seconds"]),
                 [
                     "all",
                     round(sum(cpu.values()), 1),
                     round(sum(cpu.values()) / r["ready_seconds"], 2),
-                ]
+                ],
             ],
         )
     if r.get("rest_cpu_seconds"):
@@ -378,7 +381,7 @@ def _record(section: Section, r: dict[str, Any]) -> None:
             f"CPU during the {r['window_seconds']:.0f} s at rest ({topics} topics; the resync "
             "passes over every topic, the auto-scaler's evaluations, the brokers' load sampling)",
             ["process", "CPU seconds", "cores on average"],
-            [[role, s, round(s / r["window_seconds"], 2)] for role, s in cpu.items() if s],
+            _cpu_rows(cpu, r["window_seconds"]),
         )
     if r.get("api_requests"):
         rows = sorted(r["api_requests"].items(), key=lambda kv: -kv[1])
