@@ -144,6 +144,9 @@ class ClusterDefaultsWatch:
                 field_selector=f"metadata.name={self.name}",
                 resource_version=version,
                 timeout_seconds=self.watch_timeout,
+                # The server ends the watch after timeout_seconds; past that, the connection is
+                # dead (KubeApi's default deadline would end every watch after 30 s).
+                _request_timeout=self.watch_timeout + 30,
                 allow_watch_bookmarks=True,
             ):
                 kind = event.get("type")

@@ -56,6 +56,30 @@ def _ignore_environment_proxies(api_client: k8s.ApiClient) -> None:
         session._trust_env = False
 
 
+REQUEST_TIMEOUT = 30.0
+"""Seconds an API request may take before it fails (and its pass is retried)."""
+
+
+def _bound_requests(api_client: k8s.ApiClient, seconds: float) -> None:
+    """kubernetes_asyncio sends a request without ``_request_timeout`` with no deadline at all
+    (not even aiohttp's own five minutes): a connection that stops answering would hold its
+    reconcile pass, and the topic's lock, forever. Every request of the controller gets
+    ``seconds`` unless it names its own; the API server answers a slow request with a 504
+    after 60 s, so this bounds only a connection that went silent."""
+    rest = api_client.rest_client
+    send = rest.request
+    if getattr(send, "bounded", False):
+        return
+
+    async def request(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("_request_timeout"):
+            kwargs["_request_timeout"] = seconds
+        return await send(*args, **kwargs)
+
+    request.bounded = True  # type: ignore[attr-defined]
+    rest.request = request  # type: ignore[method-assign]
+
+
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 
 
@@ -64,8 +88,9 @@ class KubeApi:
 
     OWN_VERSIONS_KEPT = 8
 
-    def __init__(self, api_client: k8s.ApiClient) -> None:
+    def __init__(self, api_client: k8s.ApiClient, *, timeout: float = REQUEST_TIMEOUT) -> None:
         self.api_client = api_client
+        _bound_requests(api_client, timeout)
         self._own_versions: dict[tuple[str, str], deque[str]] = {}
         self.on_topic_written: Callable[[JsonObj], None] | None = None
         """Called with every topic this client wrote, as the API server answered: the
