@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+
+import pytest
 
 from scalable_topics.controller.workqueue import WorkQueue
 from scalable_topics.core.backoff import Backoff
@@ -86,6 +89,46 @@ async def test_cancel_stops_the_processing_of_matching_keys_only() -> None:
     await asyncio.wait_for(queue.wait_idle(), 2)
     await queue.stop()
     assert finished == ["kept"]
+
+
+async def _stuck_in_a_call(never: asyncio.Event) -> None:
+    await never.wait()
+
+
+async def test_a_long_pass_cancelled_is_logged_with_where_it_waits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pass that outlives ``LONG_PASS_SECONDS`` is a defect to find: cancelling it logs the
+    awaits it hangs in, down the chain. A short one is cancelled quietly. A stop right after a
+    cancel stops the workers (it was swallowed as the pass's cancellation)."""
+    now = [0.0]
+    started = asyncio.Event()
+    never = asyncio.Event()
+
+    async def process(key: str) -> None:
+        started.set()
+        await _stuck_in_a_call(never)
+
+    queue: WorkQueue[str] = WorkQueue(process, workers=2, clock=lambda: now[0])
+    queue.start()
+    queue.add("quick")
+    await asyncio.wait_for(started.wait(), 2)
+    with caplog.at_level(logging.WARNING, logger="scalable_topics.controller.workqueue"):
+        assert queue.cancel(lambda key: key == "quick") == 1
+        assert not caplog.records
+        started.clear()
+        queue.add("stuck")
+        await asyncio.wait_for(started.wait(), 2)
+        now[0] += 11.0
+        assert queue.cancel(lambda key: key == "stuck") == 1
+        # A stop right after (a shard lost at shutdown) is not taken for the pass's cancel.
+        await asyncio.wait_for(queue.stop(), 2)
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert message.startswith("work: cancelling stuck after 11s of processing, waiting in:")
+    assert "test_controller_workqueue.py" in message
+    assert "in _stuck_in_a_call\n" in message, message
+    assert "asyncio/locks.py" in message, "the chain is followed down into the Event's wait"
 
 
 async def test_event_keys_go_before_resync_keys_and_an_event_promotes_a_waiting_one() -> None:

@@ -29,6 +29,25 @@ log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 
+LONG_PASS_SECONDS = 10.0
+"""A pass cancelled after this long is logged with where it waits: no pass of a healthy
+operator takes it (every broker call has a timeout), so one that does is a defect to find."""
+
+
+def waiting_in(task: asyncio.Task[Any]) -> str:
+    """The awaits ``task`` is suspended in, outermost first, one ``file:line in function`` each
+    (``Task.get_stack`` stops at the task's own coroutine; this follows what it awaits)."""
+    lines: list[str] = []
+    awaited: Any = task.get_coro()
+    while awaited is not None and len(lines) < 64:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is None:
+            lines.append(f"  {awaited!r}"[:300])
+            break
+        lines.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    return "\n".join(lines)
+
 
 class WorkQueue(Generic[K]):
     def __init__(
@@ -64,6 +83,7 @@ class WorkQueue(Generic[K]):
         self._delayed: dict[K, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._running: dict[K, asyncio.Task[None]] = {}
+        self._started: dict[K, float] = {}
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -144,6 +164,15 @@ class WorkQueue(Generic[K]):
         cancelled = 0
         for key, task in list(self._running.items()):
             if predicate(key) and not task.done():
+                took = self._clock() - self._started.get(key, self._clock())
+                if took >= LONG_PASS_SECONDS:
+                    log.warning(
+                        "%s: cancelling %s after %.0fs of processing, waiting in:\n%s",
+                        self._name,
+                        key,
+                        took,
+                        waiting_in(task),
+                    )
                 task.cancel()
                 cancelled += 1
         return cancelled
@@ -190,10 +219,15 @@ class WorkQueue(Generic[K]):
                 self._processing_periodic.add(key)
             task = asyncio.create_task(self._process(key))
             self._running[key] = task
+            self._started[key] = self._clock()
             try:
                 await asyncio.shield(task)
             except asyncio.CancelledError:
-                if not task.cancelled():
+                # The worker goes on after a pass that ``cancel`` stopped, unless the worker
+                # itself is being cancelled (``stop``), even in the same loop iteration: that
+                # cancellation must not be taken for the pass's and swallowed.
+                worker = asyncio.current_task()
+                if not task.cancelled() or (worker is not None and worker.cancelling()):
                     task.cancel()
                     raise
                 log.info("%s: processing %s was cancelled", self._name, key)
@@ -217,6 +251,7 @@ class WorkQueue(Generic[K]):
             finally:
                 self._last_progress = self._clock()
                 self._running.pop(key, None)
+                self._started.pop(key, None)
                 self._processing_periodic.discard(key)
                 if self._periodic:
                     self._available.set()  # a resync key may be allowed now
