@@ -121,18 +121,22 @@ async def crash_and_recover(
     """Run ``request`` on an operator that dies after ``point``, then on a fresh one. Returns
     the status left by the crash, the recovered topic, and the segments writable in between."""
     await stack.request(TOPIC, request)
-    doomed = await start(stack, f"doomed-{point}", f"crash-after:{point}")
-    code = await doomed.wait(60)
-    assert code == -9, f"exit {code}\n{doomed.log()[-3000:]}"
-    assert f"fault injection: SIGKILL after {point}" in doomed.log()
-    crashed = await stack.topic(TOPIC)
-    assert crashed is not None
-    writable_between = await writable_segments(stack)
+    # Whatever fails, no operator of this test outlives it: a leader left running would take
+    # the next test's topics from that test's operators.
+    try:
+        doomed = await start(stack, f"doomed-{point}", f"crash-after:{point}")
+        code = await doomed.wait(60)
+        assert code == -9, f"exit {code}\n{doomed.log()[-3000:]}"
+        assert f"fault injection: SIGKILL after {point}" in doomed.log()
+        crashed = await stack.topic(TOPIC)
+        assert crashed is not None
+        writable_between = await writable_segments(stack)
 
-    fresh: OperatorProcess = await start(stack, f"fresh-{point}")
-    topic = await stack.wait_request(TOPIC, request["id"], within=60)
-    await eventually(lambda: consistent(stack), 30, "a consistent topic")
-    await stack.stop_operators()
+        fresh: OperatorProcess = await start(stack, f"fresh-{point}")
+        topic = await stack.wait_request(TOPIC, request["id"], within=60)
+        await eventually(lambda: consistent(stack), 30, "a consistent topic")
+    finally:
+        await stack.stop_operators()
     assert fresh.proc.returncode == 0, fresh.log()[-3000:]
     return crashed["status"], topic, writable_between
 
@@ -210,22 +214,26 @@ async def test_a_new_topic_survives_a_crash_before_its_layout_is_recorded(
     (``core.rebuild.unfinished_creation``) and finishes the creation: Ready at epoch 0 with
     the first layout's ranges, each segment on the broker first chosen for it."""
     name = f"born-{point}"
-    doomed = await start(stack, f"doomed-{point}", f"crash-after:{point}")
-    await stack.apply_topic(topic_body(name, segments=2))
-    code = await doomed.wait(60)
-    assert code == -9, f"exit {code}\n{doomed.log()[-3000:]}"
-    crashed = await stack.topic(name)
-    assert crashed is not None
-    assert not (crashed.get("status") or {}).get("layout"), crashed.get("status")
-    left = await stack.segments(name)
-    assert len(left) == (1 if point == "first-segment-placed" else 2), sorted(left)
-    placed = {sid: recorded_broker(seg) for sid, seg in left.items()}
-    assert all(placed.values()), left
+    try:
+        doomed = await start(stack, f"doomed-{point}", f"crash-after:{point}")
+        await stack.apply_topic(topic_body(name, segments=2))
+        code = await doomed.wait(60)
+        assert code == -9, f"exit {code}\n{doomed.log()[-3000:]}"
+        crashed = await stack.topic(name)
+        assert crashed is not None
+        assert not (crashed.get("status") or {}).get("layout"), crashed.get("status")
+        left = await stack.segments(name)
+        assert len(left) == (1 if point == "first-segment-placed" else 2), sorted(left)
+        placed = {sid: recorded_broker(seg) for sid, seg in left.items()}
+        assert all(placed.values()), left
 
-    fresh = await start(stack, f"fresh-{point}")
-    topic = await stack.wait_ready(name)
-    layout = await eventually(lambda: consistent(stack, name), 30, f"{name}: a consistent topic")
-    await stack.stop_operators()
+        fresh = await start(stack, f"fresh-{point}")
+        topic = await stack.wait_ready(name)
+        layout = await eventually(
+            lambda: consistent(stack, name), 30, f"{name}: a consistent topic"
+        )
+    finally:
+        await stack.stop_operators()
     assert fresh.proc.returncode == 0, fresh.log()[-3000:]
     # Finished as the creation it was, not rebuilt as a lost layout (no new epoch, no warning).
     assert "finishing the creation a pass began" in fresh.log(), fresh.log()[-3000:]
