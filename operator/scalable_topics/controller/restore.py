@@ -29,9 +29,12 @@ from ..core.resources import (
 from ..core.transfer import ANNOTATION_BROKER, recorded_broker
 from .brokers import BrokerAdmin
 from .cache import TopicCache
-from .kube import KubeApi
+from .kube import Conflict, KubeApi
 
 log = logging.getLogger(__name__)
+
+ADOPT_ATTEMPTS = 5
+"""Patches of one Segment's owner before the take-over gives up (the pass is retried)."""
 
 
 class BrokersUnanswered(Exception):
@@ -89,26 +92,43 @@ async def adopt(
     """Make the topic the controller owner of its Segments where another uid is (a re-created
     topic); returns how many were taken over."""
     meta = topic["metadata"]
-    owner = topic_owner_reference(meta["name"], meta["uid"])
+    namespace, uid = meta["namespace"], meta["uid"]
+    owner = topic_owner_reference(meta["name"], uid)
     taken = 0
     for body in segments:
-        if controlled_by(body, meta["uid"]):
-            continue
-        refs = (body.get("metadata") or {}).get("ownerReferences") or []
-        name = body["metadata"]["name"]
-        others = [r for r in refs if r.get("kind") != TOPIC_KIND or r.get("name") != meta["name"]]
-        updated = await kube.patch_segment(
-            meta["namespace"],
-            name,
-            {
-                "metadata": {
-                    "ownerReferences": [*others, owner],
-                    "resourceVersion": body["metadata"]["resourceVersion"],
-                }
-            },
-        )
-        cache.put_segment(updated)
-        taken += 1
+        for _ in range(ADOPT_ATTEMPTS):
+            if controlled_by(body, uid):
+                break
+            refs = (body.get("metadata") or {}).get("ownerReferences") or []
+            others = [
+                r for r in refs if r.get("kind") != TOPIC_KIND or r.get("name") != meta["name"]
+            ]
+            name = body["metadata"]["name"]
+            try:
+                updated = await kube.patch_segment(
+                    namespace,
+                    name,
+                    {
+                        "metadata": {
+                            "ownerReferences": [*others, owner],
+                            "resourceVersion": body["metadata"]["resourceVersion"],
+                        }
+                    },
+                )
+            except Conflict:
+                # Its broker's load report (a status write) came between the listing and the
+                # patch: the owner is decided on the Segment as it is now, in this pass, so
+                # that the LayoutRebuilt event counts every Segment taken over.
+                fresh = await kube.get_segment(namespace, name)
+                if fresh is None:
+                    break
+                body = fresh
+                continue
+            cache.put_segment(updated)
+            taken += 1
+            break
+        else:
+            raise Conflict(f"Segment {body['metadata']['name']} kept changing under the take-over")
     return taken
 
 
