@@ -95,37 +95,43 @@ async def _stuck_in_a_call(never: asyncio.Event) -> None:
     await never.wait()
 
 
-async def test_a_long_pass_cancelled_is_logged_with_where_it_waits(
+async def test_a_long_pass_is_logged_once_with_where_it_waits(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A pass that outlives ``LONG_PASS_SECONDS`` is a defect to find: cancelling it logs the
-    awaits it hangs in, down the chain. A short one is cancelled quietly. A stop right after a
-    cancel stops the workers (it was swallowed as the pass's cancellation)."""
-    now = [0.0]
-    started = asyncio.Event()
+    """A pass that outlives ``long_pass`` is a defect to find: it is logged once, with the
+    awaits it hangs in, down the chain; a quick pass is not. A stop right after a cancel stops
+    the workers (it was swallowed as the pass's cancellation)."""
     never = asyncio.Event()
 
     async def process(key: str) -> None:
-        started.set()
-        await _stuck_in_a_call(never)
+        if key == "stuck":
+            await _stuck_in_a_call(never)
 
-    queue: WorkQueue[str] = WorkQueue(process, workers=2, clock=lambda: now[0])
+    warned = asyncio.Event()
+
+    class Warned(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warned.set()
+
+    logger = logging.getLogger("scalable_topics.controller.workqueue")
+    handler = Warned(logging.WARNING)
+    logger.addHandler(handler)
+    queue: WorkQueue[str] = WorkQueue(process, workers=2, long_pass=0.05)
     queue.start()
-    queue.add("quick")
-    await asyncio.wait_for(started.wait(), 2)
-    with caplog.at_level(logging.WARNING, logger="scalable_topics.controller.workqueue"):
-        assert queue.cancel(lambda key: key == "quick") == 1
-        assert not caplog.records
-        started.clear()
-        queue.add("stuck")
-        await asyncio.wait_for(started.wait(), 2)
-        now[0] += 11.0
-        assert queue.cancel(lambda key: key == "stuck") == 1
-        # A stop right after (a shard lost at shutdown) is not taken for the pass's cancel.
-        await asyncio.wait_for(queue.stop(), 2)
+    try:
+        with caplog.at_level(logging.WARNING, logger=logger.name):
+            queue.add("quick")
+            await asyncio.wait_for(queue.wait_idle(), 2)
+            queue.add("stuck")
+            await asyncio.wait_for(warned.wait(), 2)
+            assert queue.cancel(lambda key: key == "stuck") == 1
+            # A stop right after (a shard lost at shutdown) is not taken for the pass's cancel.
+            await asyncio.wait_for(queue.stop(), 2)
+    finally:
+        logger.removeHandler(handler)
     (record,) = caplog.records
     message = record.getMessage()
-    assert message.startswith("work: cancelling stuck after 11s of processing, waiting in:")
+    assert message.startswith("work: stuck still processing after 0s, waiting in:"), message
     assert "test_controller_workqueue.py" in message
     assert "in _stuck_in_a_call\n" in message, message
     assert "asyncio/locks.py" in message, "the chain is followed down into the Event's wait"

@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
 
 LONG_PASS_SECONDS = 10.0
-"""A pass cancelled after this long is logged with where it waits: no pass of a healthy
-operator takes it (every broker call has a timeout), so one that does is a defect to find."""
+"""A pass still running after this long is logged, once, with where it waits: a healthy pass
+takes milliseconds to a few seconds (every broker and API call has a deadline), so one that
+does not is a defect to find."""
 
 
 def waiting_in(task: asyncio.Task[Any]) -> str:
@@ -59,6 +60,7 @@ class WorkQueue(Generic[K]):
         backoff: Backoff | None = None,
         name: str = "work",
         clock: Callable[[], float] = time.monotonic,
+        long_pass: float = LONG_PASS_SECONDS,
     ) -> None:
         self._process = process
         self._clock = clock
@@ -83,7 +85,7 @@ class WorkQueue(Generic[K]):
         self._delayed: dict[K, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._running: dict[K, asyncio.Task[None]] = {}
-        self._started: dict[K, float] = {}
+        self._long_pass = long_pass
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -164,18 +166,19 @@ class WorkQueue(Generic[K]):
         cancelled = 0
         for key, task in list(self._running.items()):
             if predicate(key) and not task.done():
-                took = self._clock() - self._started.get(key, self._clock())
-                if took >= LONG_PASS_SECONDS:
-                    log.warning(
-                        "%s: cancelling %s after %.0fs of processing, waiting in:\n%s",
-                        self._name,
-                        key,
-                        took,
-                        waiting_in(task),
-                    )
                 task.cancel()
                 cancelled += 1
         return cancelled
+
+    def _still_running(self, key: K, task: asyncio.Task[None]) -> None:
+        if not task.done():
+            log.warning(
+                "%s: %s still processing after %.0fs, waiting in:\n%s",
+                self._name,
+                key,
+                self._long_pass,
+                waiting_in(task),
+            )
 
     @property
     def waiting(self) -> int:
@@ -219,7 +222,9 @@ class WorkQueue(Generic[K]):
                 self._processing_periodic.add(key)
             task = asyncio.create_task(self._process(key))
             self._running[key] = task
-            self._started[key] = self._clock()
+            watch = asyncio.get_running_loop().call_later(
+                self._long_pass, self._still_running, key, task
+            )
             try:
                 await asyncio.shield(task)
             except asyncio.CancelledError:
@@ -251,7 +256,7 @@ class WorkQueue(Generic[K]):
             finally:
                 self._last_progress = self._clock()
                 self._running.pop(key, None)
-                self._started.pop(key, None)
+                watch.cancel()
                 self._processing_periodic.discard(key)
                 if self._periodic:
                     self._available.set()  # a resync key may be allowed now
