@@ -11,6 +11,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio import client as k8s
 
+from scalable_topics.controller import kube as kube_module
 from scalable_topics.controller.kube import KubeApi
 from scalable_topics.core.resources import GROUP, TOPIC_PLURAL, VERSION
 
@@ -38,7 +39,7 @@ async def silent_server() -> AsyncIterator[tuple[str, list[bytes]]]:
 
 
 async def test_a_request_to_a_silent_api_server_fails_at_the_deadline(
-    silent_server: tuple[str, list[bytes]],
+    silent_server: tuple[str, list[bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, received = silent_server
     api = k8s.ApiClient(k8s.Configuration(host=url))
@@ -59,5 +60,11 @@ async def test_a_request_to_a_silent_api_server_fails_at_the_deadline(
                 GROUP, VERSION, "default", TOPIC_PLURAL, "x", _request_timeout=0.2
             )
         assert time.monotonic() - started < 0.5
+        # A LIST (20,000 Segments at 10,000 topics) has the longer LIST_TIMEOUT.
+        monkeypatch.setattr(kube_module, "LIST_TIMEOUT", 1.5)
+        started = time.monotonic()
+        with pytest.raises(asyncio.TimeoutError):
+            await kube.list_all_segments()
+        assert 1.5 <= time.monotonic() - started < 5
     finally:
         await api.close()

@@ -59,13 +59,18 @@ def _ignore_environment_proxies(api_client: k8s.ApiClient) -> None:
 REQUEST_TIMEOUT = 30.0
 """Seconds an API request may take before it fails (and its pass is retried)."""
 
+LIST_TIMEOUT = 90.0
+"""The same for a LIST, which at 10,000 topics carries 20,000 Segments: above the API server's
+own 60 s limit, so that the client never cuts a listing the server would still finish (a
+replica that cannot list never finishes its initial sync)."""
+
 
 def _bound_requests(api_client: k8s.ApiClient, seconds: float) -> None:
     """kubernetes_asyncio sends a request without ``_request_timeout`` with no deadline at all
     (not even aiohttp's own five minutes): a connection that stops answering would hold its
     reconcile pass, and the topic's lock, forever. Every request of the controller gets
-    ``seconds`` unless it names its own; the API server answers a slow request with a 504
-    after 60 s, so this bounds only a connection that went silent."""
+    ``seconds`` unless it names its own (a LIST names ``LIST_TIMEOUT``): one object's read or
+    write takes milliseconds, so a request still unanswered after ``seconds`` is stuck."""
     rest = api_client.rest_client
     send = rest.request
     if getattr(send, "bounded", False):
@@ -160,7 +165,7 @@ class KubeApi:
 
     async def list_topics(self) -> list[JsonObj]:
         result = await self.custom.list_custom_object_for_all_namespaces(
-            GROUP, VERSION, SCALABLE_TOPICS
+            GROUP, VERSION, SCALABLE_TOPICS, _request_timeout=LIST_TIMEOUT
         )
         return cast(list[JsonObj], result.get("items", []))
 
@@ -197,12 +202,15 @@ class KubeApi:
             namespace,
             SEGMENTS,
             label_selector=f"{GROUP}/topic={topic}",
+            _request_timeout=LIST_TIMEOUT,
         )
         return cast(list[JsonObj], result.get("items", []))
 
     async def list_all_segments(self) -> list[JsonObj]:
         """Every Segment of every namespace (one LIST, no selector)."""
-        result = await self.custom.list_custom_object_for_all_namespaces(GROUP, VERSION, SEGMENTS)
+        result = await self.custom.list_custom_object_for_all_namespaces(
+            GROUP, VERSION, SEGMENTS, _request_timeout=LIST_TIMEOUT
+        )
         return cast(list[JsonObj], result.get("items", []))
 
     async def create_segment(self, body: JsonObj) -> JsonObj:
@@ -276,7 +284,9 @@ class KubeApi:
 
     async def list_pods_all_namespaces(self, label_selector: str) -> list[JsonObj]:
         """Pods as dicts (the shape kopf's events carry, camelCase keys)."""
-        result = await self.core.list_pod_for_all_namespaces(label_selector=label_selector)
+        result = await self.core.list_pod_for_all_namespaces(
+            label_selector=label_selector, _request_timeout=LIST_TIMEOUT
+        )
         return [
             cast(JsonObj, self.api_client.sanitize_for_serialization(pod)) for pod in result.items
         ]
