@@ -52,8 +52,13 @@ async def test_a_request_to_a_silent_api_server_fails_at_the_deadline(
         assert 0.5 <= took < 5, took
         request_line = f"GET /apis/{GROUP}/{VERSION}/".encode()
         assert received and received[0].startswith(request_line), received
-        # A request that names its own deadline keeps it; a second KubeApi does not stack one.
+        # A second KubeApi on the same client does not wrap it again: the first deadline stays.
         KubeApi(api, timeout=60)
+        started = time.monotonic()
+        with pytest.raises(asyncio.TimeoutError):
+            await kube.get_topic("default", "orders")
+        assert 0.5 <= time.monotonic() - started < 5
+        # A request that names its own deadline keeps it.
         started = time.monotonic()
         with pytest.raises(asyncio.TimeoutError):
             await kube.custom.get_namespaced_custom_object(
