@@ -30,6 +30,7 @@ from ..core.transfer import ANNOTATION_BROKER, recorded_broker
 from .brokers import BrokerAdmin
 from .cache import TopicCache
 from .kube import Conflict, KubeApi
+from .status import reread_segment
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ async def adopt(
                 # Its broker's load report (a status write) came between the listing and the
                 # patch: the owner is decided on the Segment as it is now, in this pass, so
                 # that the LayoutRebuilt event counts every Segment taken over.
-                fresh = await kube.get_segment(namespace, name)
+                fresh = await reread_segment(kube, cache, body)
                 if fresh is None:
                     break
                 body = fresh

@@ -13,6 +13,7 @@ from ..core.jsontypes import JsonObj
 from ..core.resources import ScalableTopicStatus
 from ..core.topicstatus import apply_change
 from . import metrics
+from .cache import TopicCache
 from .kube import Conflict, KubeApi, NotFound
 
 log = logging.getLogger(__name__)
@@ -102,3 +103,13 @@ async def change_topic_status(
 ) -> JsonObj:
     """:func:`update_topic_status` with a typed change (``core.topicstatus``)."""
     return await update_topic_status(kube, namespace, name, typed(change), topic=topic)
+
+
+async def reread_segment(kube: KubeApi, cache: TopicCache, segment: JsonObj) -> JsonObj | None:
+    """A Segment whose compare-and-swap lost (a broker's load report is a status write every
+    few seconds), as the API server has it now, also into the cache; ``None``: gone."""
+    meta = segment["metadata"]
+    fresh = await kube.get_segment(meta["namespace"], meta["name"])
+    if fresh is not None:
+        cache.put_segment(fresh)
+    return fresh

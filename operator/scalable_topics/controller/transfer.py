@@ -51,7 +51,7 @@ from .brokers import BrokerAdmin, BrokerPod, choose_broker
 from .cache import TopicCache
 from .faults import crash_after, fault_point
 from .kube import Conflict, KubeApi
-from .status import change_topic_status
+from .status import change_topic_status, reread_segment
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class TransferExecutor:
             try:
                 return await self._start_on(topic, segment, request)
             except Conflict:
-                segment = await self._reread(segment)
+                segment = await reread_segment(self.kube, self.cache, segment)
         raise MoveRejected(f"segment {sid} kept changing while the move was recorded")
 
     async def _start_on(self, topic: JsonObj, segment: JsonObj, request: ManualRequest) -> JsonObj:
@@ -393,7 +393,7 @@ class TransferExecutor:
             except Conflict:
                 # A broker's load report landed on the Segment after the cache read it (every
                 # few seconds): nothing was written; read it again and decide again.
-                await self._reread(segment)
+                await reread_segment(self.kube, self.cache, segment)
                 continue
             except AdminError as exc:
                 log.warning("transfer %s: %s failed: %s", transfer.id, action, exc)
@@ -423,14 +423,6 @@ class TransferExecutor:
         if requeue is not None:
             meta = topic["metadata"]
             requeue((meta["namespace"], meta["name"]), RETRY_AFTER)
-
-    async def _reread(self, segment: JsonObj) -> JsonObj | None:
-        """The Segment as the API server has it now (also into the cache); ``None``: gone."""
-        meta = segment["metadata"]
-        fresh = await self.kube.get_segment(meta["namespace"], meta["name"])
-        if fresh is not None:
-            self.cache.put_segment(fresh)
-        return fresh
 
     async def _execute(
         self, topic: JsonObj, segment: JsonObj, transfer: Transfer, action: Action
