@@ -59,7 +59,7 @@ from .brokers import BrokerAdmin, broker_unavailable, choose_broker
 from .cache import TopicCache, layout_of
 from .faults import crash_after, fault_point
 from .kube import Conflict, KubeApi
-from .status import TypedChange, change_topic_status
+from .status import TypedChange, change_topic_status, reread_segment
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -395,7 +395,7 @@ class OperationExecutor:
                     resource_version=segment["metadata"]["resourceVersion"],
                 )
             except Conflict:
-                fresh = await self.kube.get_segment(meta["namespace"], meta["name"])
+                fresh = await reread_segment(self.kube, self.cache, segment)
                 if fresh is None:
                     raise
                 segment = fresh
