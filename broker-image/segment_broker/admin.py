@@ -122,10 +122,14 @@ class AdminRoutes:
             self._check_openable(namespace, topic, to_open)
             seal = await hosted.segment.terminate(
                 [s.to_json() for s in successors],
+                open_after=to_open,
                 on_begin=lambda: hosted.announce_sealing(successors),
             )
             done = await asyncio.gather(
-                *(self._open_after_seal(namespace, topic, sid) for sid in to_open)
+                *(
+                    self._open_after_seal(namespace, topic, sid, durable=sid not in seal.open)
+                    for sid in to_open
+                )
             )
             opened = [sid for sid, ok in zip(to_open, done, strict=True) if ok]
             return web.json_response({"sealed": True, **seal.to_json(), "opened": opened})
@@ -156,11 +160,15 @@ class AdminRoutes:
             if reason is not None:
                 raise ValueError(f"open names successor {sid}, fenced for a transfer ({reason})")
 
-    async def _open_after_seal(self, namespace: str, topic: str, segment_id: int) -> bool:
+    async def _open_after_seal(
+        self, namespace: str, topic: str, segment_id: int, *, durable: bool
+    ) -> bool:
         """Activate a successor the seal's caller named in ``open``; a failure leaves it fenced
-        for the controller's own activation step (the seal stands either way)."""
+        for the controller's own activation step (the seal stands either way). One the seal's
+        marker names (``SealInfo.open``; not one a repeated call adds) is opened without a
+        durable write of its own (``Segment.activate``)."""
         try:
-            await self.store.activate(namespace, topic, segment_id)
+            await self.store.activate(namespace, topic, segment_id, durable=durable)
         except (NotFoundError, OSError) as exc:
             log.warning(
                 "%s/%s: successor %d not opened after the seal: %s",

@@ -228,6 +228,7 @@ class SegmentStore:
                 # (clients get SegmentNotFound) until an operator repairs or deletes it.
                 log.error("segment %s cannot be recovered and is not served: %s", directory, exc)
                 self.unrecoverable[str(directory)] = str(exc)
+        await self._open_children_of_seals()
         log.info("recovered %d segments from %s", len(metas), self.data_dir)
         self._sampler = asyncio.get_running_loop().create_task(self._sample_loop())
         self._housekeeper = asyncio.get_running_loop().create_task(self._housekeeping_loop())
@@ -480,12 +481,34 @@ class SegmentStore:
                 self.tracker.zero_recorded(namespace, topic, segment_id, subscriptions)
             return hosted, True
 
-    async def activate(self, namespace: str, topic: str, segment_id: int) -> HostedSegment:
-        """Lift a segment's fence (idempotent)."""
+    async def activate(
+        self, namespace: str, topic: str, segment_id: int, *, durable: bool = True
+    ) -> HostedSegment:
+        """Lift a segment's fence (idempotent; ``durable``: see ``Segment.activate``)."""
         async with self._lock((namespace, topic, segment_id)):
             hosted = self.get(namespace, topic, segment_id)
-            await hosted.segment.activate()
+            await hosted.segment.activate(durable=durable)
             return hosted
+
+    async def _open_children_of_seals(self) -> None:
+        """Open the children a seal here opened (``SealInfo.open``) that are still fenced:
+        their marker's removal had not reached the disk when the broker stopped. A child
+        fenced for a transfer since has a reason on its marker and is left alone."""
+        for hosted in list(self.segments.values()):
+            seal = hosted.segment.seal
+            if seal is None or not seal.open:
+                continue
+            meta = hosted.segment.meta
+            for sid in seal.open:
+                child = self.segments.get((meta.namespace, meta.topic, sid))
+                if child is None or child.segment.writable or child.segment.fence_reason:
+                    continue
+                await child.segment.activate()
+                log.info(
+                    "segment %s: opened on recovery, as the seal of %s had named it",
+                    child.segment.name,
+                    hosted.segment.name,
+                )
 
     async def create_subscription(
         self, hosted: HostedSegment, name: str, sub_type: BrokerSubscriptionType, *, at_end: bool

@@ -193,3 +193,54 @@ async def test_a_seal_never_opens_a_copy_fenced_for_a_transfer(tmp_path: Path) -
         assert refused.value.status == 400 and "fenced for a transfer" in refused.value.message
         assert (await admin_b.stats(NS, TOPIC, 0))["sealed"] is False
         assert (await admin_b.stats(NS, TOPIC, 1))["writable"] is False
+
+
+async def test_a_child_its_parents_seal_opened_is_open_after_a_restart_that_lost_the_unfence(
+    tmp_path: Path,
+) -> None:
+    """A seal that opens children records them in its own durable marker, and removes their
+    fence markers without waiting for the disk. A restart that finds such a marker still there
+    (the removal had not reached the disk: a power loss) opens the child again, with what it
+    acknowledged; a successor the seal did not open, and one fenced for a transfer since, stay
+    fenced for the controller."""
+    data = tmp_path / "data"
+    broker = BrokerProcess(data, args=["--fence-wait-s", "60"])
+    broker.start()
+    children = {1: (0, 0x3FFF), 2: (0x4000, 0x7FFF), 3: (0x8000, 0xFFFF)}
+    try:
+        await broker.wait_ready()
+        async with SegmentAdmin(broker.url) as admin:
+            await admin.create_segment(NS, TOPIC, 0, 0, 0xFFFF)
+            for child, (start, end) in children.items():
+                await admin.create_segment(NS, TOPIC, child, start, end, writable=False)
+            successors = [Successor(c, s, e, broker.url) for c, (s, e) in children.items()]
+            sealed = await admin.terminate(NS, TOPIC, 0, successors, open_after=[1, 2])
+            assert sealed["opened"] == [1, 2]
+            async with await SegmentProducer.connect(broker.url, NS, TOPIC, 1, "p") as producer:
+                ack = await (await producer.send_entry([Message(b"acked", key=b"k")]))
+                assert ack.position == 0
+            await TransferAdmin(admin, NS, TOPIC, 2).fence()
+        broker.kill()
+
+        def marker(child: int) -> Path:
+            (found,) = [
+                p.parent
+                for p in data.glob(f"{NS}/{TOPIC}/*/segment.json")
+                if f'"segmentId":{child}' in p.read_text().replace(" ", "")
+            ]
+            return found / "fenced.json"
+
+        assert not marker(1).exists()
+        marker(1).write_text('{"fencedAt": 0}')
+        assert "reason" in marker(2).read_text()
+
+        broker.start()
+        await broker.wait_ready()
+        async with SegmentAdmin(broker.url) as admin:
+            stats = await admin.stats(NS, TOPIC, 1)
+            assert stats["writable"] is True and stats["lastPosition"] == 0
+            assert not marker(1).exists(), "the recovery's opening is durable"
+            assert (await admin.stats(NS, TOPIC, 2))["writable"] is False
+            assert (await admin.stats(NS, TOPIC, 3))["writable"] is False
+    finally:
+        broker.kill()

@@ -4,6 +4,7 @@ retention, the seal marker."""
 from __future__ import annotations
 
 import asyncio
+import json
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +17,7 @@ from scalable_topics.core.wire import Message
 from segment_broker.storage.log import CLEAN_SHUTDOWN, RECORD_HEADER
 from segment_broker.storage.segment import (
     Retention,
+    SealInfo,
     Segment,
     SegmentMeta,
     SegmentSealedError,
@@ -164,6 +166,24 @@ async def test_seal_refuses_appends_but_answers_duplicates(
     seg = await _open(path, executor)
     assert seg.seal == info and seg.sealed_event.is_set()
     await seg.close()
+
+
+async def test_a_seal_records_the_children_it_opens(
+    tmp_path: Path, executor: ThreadPoolExecutor
+) -> None:
+    path = tmp_path / "s"
+    seg = await _open(path, executor)
+    successors = [{"segmentId": 1, "range": {"start": 0, "end": 5}}]
+    info = await seg.terminate(successors, open_after=[1])
+    assert info.open == (1,)
+    await seg.close()
+    seg = await _open(path, executor)
+    assert seg.seal == info
+    await seg.close()
+    written = json.loads((path / "sealed.json").read_text())
+    assert written["open"] == [1]
+    del written["open"]
+    assert SealInfo.from_json(written).open == (), "a seal written before the field opens none"
 
 
 async def test_retention_deletes_whole_files_below_every_cursor(

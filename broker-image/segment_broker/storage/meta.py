@@ -90,13 +90,22 @@ class SealInfo:
     last_position: int
     successors: list[dict[str, Any]]
     sealed_at: float
+    open: tuple[int, ...] = ()
+    """Successors hosted beside this segment that its broker opens once the seal is durable:
+    recorded with the seal, so that their opening needs no durable write of its own (a child
+    found fenced on recovery, though named here, is opened then)."""
 
     def to_json(self) -> dict[str, Any]:
+        """The seal as producers, the admin API and a transfer see it."""
         return {
             "lastPosition": self.last_position,
             "successors": self.successors,
             "sealedAt": self.sealed_at,
         }
+
+    def to_marker(self) -> dict[str, Any]:
+        """The seal as ``sealed.json`` holds it: with the children this broker opened."""
+        return {**self.to_json(), "open": list(self.open)} if self.open else self.to_json()
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> SealInfo:
@@ -104,4 +113,5 @@ class SealInfo:
             last_position=int(body["lastPosition"]),
             successors=list(body.get("successors", [])),
             sealed_at=float(body.get("sealedAt", 0.0)),
+            open=tuple(int(sid) for sid in body.get("open", ())),
         )

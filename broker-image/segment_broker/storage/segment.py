@@ -6,7 +6,7 @@ Directory layout (``<data-dir>/<namespace>/<topic>/<descriptor>/``)::
     log-<base>.log/.idx   the log (see storage.log)
     dedup-<base>.json     producer dedup table for positions below <base>, written at each roll
     cursors/<sub>.json    one cursor per subscription
-    sealed.json           the termination marker (lastPosition, successors)
+    sealed.json           the termination marker (lastPosition, successors, children it opened)
     fenced.json           present while the segment does not accept writes yet (a split or
                           merge child between its creation and its parents' seal)
 
@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import shutil
 import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -499,7 +500,11 @@ class Segment:
     # --- seal ----------------------------------------------------------------------------------
 
     async def terminate(
-        self, successors: list[dict[str, Any]], *, on_begin: Callable[[], object] | None = None
+        self,
+        successors: list[dict[str, Any]],
+        *,
+        open_after: Sequence[int] = (),
+        on_begin: Callable[[], object] | None = None,
     ) -> SealInfo:
         """Seal the segment (idempotent; concurrent calls share one seal).
 
@@ -508,7 +513,9 @@ class Segment:
         marker before they are told the successors, so nobody is redirected to the successors
         while the parent could still come back unsealed after a crash. ``on_begin`` is called
         when this call starts an attempt (not when the segment is sealed, being sealed or
-        corrupted), before anything is written.
+        corrupted), before anything is written. ``open_after``: successors hosted beside this
+        segment that the caller opens after the seal; the marker names them
+        (:attr:`SealInfo.open`), which makes their opening durable with it.
         """
         if self.seal is not None:
             return self.seal
@@ -526,9 +533,9 @@ class Segment:
             on_begin()
         try:
             await self.wait_flushed()
-            info = SealInfo(self.log.next_position - 1, successors, time.time())
+            info = SealInfo(self.log.next_position - 1, successors, time.time(), tuple(open_after))
             await loop.run_in_executor(
-                self.executor, atomic_write_json, self.directory / "sealed.json", info.to_json()
+                self.executor, atomic_write_json, self.directory / "sealed.json", info.to_marker()
             )
         except BaseException as exc:
             self.sealing = False
@@ -581,16 +588,25 @@ class Segment:
         """Not fenced (a sealed segment stays "writable" in this sense; appends still fail)."""
         return self.writable_event.is_set()
 
-    async def activate(self) -> None:
-        """Lift the fence (idempotent): remove the marker durably, then accept writes."""
+    async def activate(self, *, durable: bool = True) -> None:
+        """Lift the fence (idempotent): remove the marker durably, then accept writes.
+
+        ``durable=False`` is for a child its parent's seal opens (``SealInfo.open``): the seal,
+        already durable, is the record, so the marker goes without waiting for the disk and a
+        recovery that finds it anyway opens the child again (``SegmentStore.open``). That
+        takes a directory fsync and a thread hand-off out of the split's blocked window."""
         if self.writable_event.is_set():
             return
+        marker = self.directory / FENCE_FILE
 
         def unfence() -> None:
-            (self.directory / FENCE_FILE).unlink(missing_ok=True)
+            marker.unlink(missing_ok=True)
             fsync_dir(self.directory)
 
-        await asyncio.get_running_loop().run_in_executor(self.executor, unfence)
+        if durable:
+            await asyncio.get_running_loop().run_in_executor(self.executor, unfence)
+        else:
+            marker.unlink(missing_ok=True)
         self.fence_reason = None
         self.writable_event.set()
 
@@ -629,8 +645,8 @@ class Segment:
                 if cur.truncate(position):
                     atomic_write_json(self._cursor_path(cur.name), cur.to_json())
         if self.seal is not None and self.seal.last_position >= position:
-            self.seal = SealInfo(position - 1, self.seal.successors, self.seal.sealed_at)
-            atomic_write_json(self.directory / "sealed.json", self.seal.to_json())
+            self.seal = dataclasses.replace(self.seal, last_position=position - 1)
+            atomic_write_json(self.directory / "sealed.json", self.seal.to_marker())
         dedup.drop_snapshots_above(self.directory, position)
         fsync_dir(self.directory)
         return self.log.truncate_blocking(position)
