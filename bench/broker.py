@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import _kafka, _native, _ours_go, _rabbitmq, _worker
+from bench import _hiccup, _kafka, _native, _ours_go, _rabbitmq, _worker
 from bench._load import ConsumeResult, ConsumeSpec, StepResult, StepSpec
 from bench._peers import NATS_DURABILITY, REDIS_DURABILITY, start_nats, start_redis
 from bench._procs import Server, can_pin, memory_kb
@@ -1445,9 +1445,11 @@ def run(report: Report, quick: bool) -> None:
     with contextlib.ExitStack() as stack:
         probe_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-disk-")))
         disk["start"] = _disk_fsync_ms(probe_dir)
+        stalls = {"start": _hiccup.probe()}
         bench.start(stack)
         bench.run()
         disk["end"] = _disk_fsync_ms(probe_dir)
+        stalls["end"] = _hiccup.probe()
     load["end"] = list(os.getloadavg())
 
     runs = bench.results
@@ -1508,6 +1510,7 @@ def run(report: Report, quick: bool) -> None:
         + " -> ".join("/".join(f"{x:.2f}" for x in v) for v in load.values())
         + " (other work shares these 2 cores and this disk)."
     )
+    _hiccup.note(section, stalls)
     section.data["systems"] = [
         {
             "key": sr.key,

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import _hiccup
 from bench._stats import percentile
 from bench.report import Report
 
@@ -268,6 +269,7 @@ async def _measure(mode: Mode, base: Path) -> tuple[list[SplitSample], dict[str,
 async def run(report: Report, quick: bool) -> None:
     mode = QUICK if quick else FULL
     section = report.section("split", "Producer-blocked window of a split (client SDK)")
+    stalls = {"start": await asyncio.to_thread(_hiccup.probe)}
     with tempfile.TemporaryDirectory(prefix="bench-split-") as tmp:
         samples, extra = await _measure(mode, Path(tmp))
     windows = [w for s in samples for w in s.windows_ms]
@@ -357,6 +359,7 @@ async def run(report: Report, quick: bool) -> None:
         "activation + the first child append's fsync, plus whatever stalls this event loop "
         f"(gaps over {STALL_MS:.0f} ms, counted between the seal and the first child ack)."
     )
+    _hiccup.note(section, stalls)
     section.data.update(
         {
             "stages_ms": [s.stages.__dict__ for s in staged if s.stages is not None],

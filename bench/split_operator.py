@@ -28,6 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench import _hiccup
 from bench._stats import percentile
 from bench.report import Report
 from bench.split import FULL, Mode, key_windows
@@ -135,6 +136,7 @@ async def _measure(mode: Mode, base: Path) -> dict[str, Any]:
 async def run(report: Report, quick: bool) -> None:
     mode = QUICK if quick else FULL
     section = report.section("split_operator", "Split window with the real operator")
+    stalls = {"start": await asyncio.to_thread(_hiccup.probe)}
     with tempfile.TemporaryDirectory(prefix="bench-split-operator-") as tmp:
         result = await _measure(mode, Path(tmp))
     windows, opened = result["windows"], result["opened"]
@@ -177,3 +179,4 @@ async def run(report: Report, quick: bool) -> None:
         "open = the operator's own figure (its log), from the parents' seal (its terminate "
         "calls returned) to the children's activation (0 when the seal opened them all)."
     )
+    _hiccup.note(section, stalls)
