@@ -30,6 +30,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from scalable_topics.controller.kube import KubeApi
 from scalable_topics.localcluster.controlplane import ControlPlane, kube_binary
 from scalable_topics.localcluster.nodekubelet import NodeKubelet
 from scalable_topics.localcluster.provisioner import ClaimProvisioner
@@ -324,6 +325,28 @@ def local_cluster(session_plane: SessionControlPlane, tmp_path: Path) -> Iterato
         yield ClusterNamespace(session_plane, name, kubeconfig, tmp_path)
     finally:
         session_plane.call(_drop_namespace(admin, name))
+
+
+@dataclass(frozen=True)
+class CrdClients:
+    """The CRDs applied in ``local_cluster``'s namespace, and two clients of its API server:
+    the tests' own (``api``) and the operator's (``kube``)."""
+
+    namespace: str
+    api: RestClient
+    kube: KubeApi
+
+
+@pytest.fixture
+async def crd_clients(local_cluster: ClusterNamespace) -> AsyncIterator[CrdClients]:
+    await local_cluster.apply_crds()
+    api = client_from_kubeconfig(local_cluster.kubeconfig)
+    kube = await KubeApi.connect(str(local_cluster.kubeconfig))
+    try:
+        yield CrdClients(local_cluster.namespace, api, kube)
+    finally:
+        await api.close()
+        await kube.close()
 
 
 @pytest.fixture

@@ -8,15 +8,14 @@ from __future__ import annotations
 import pytest
 
 from scalable_topics.controller.cache import TopicCache
-from scalable_topics.controller.kube import KubeApi
 from scalable_topics.controller.restore import adopt, controlled_by
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.resources import GROUP, SEGMENT_PLURAL, TOPIC_PLURAL, VERSION
 from scalable_topics.core.resources.names import topic_owner_reference
 from scalable_topics.core.resources.segment import segment_manifest
-from scalable_topics.localcluster.restclient import Resource, client_from_kubeconfig
+from scalable_topics.localcluster.restclient import Resource
 
-from .conftest import ClusterNamespace
+from .conftest import CrdClients
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120, func_only=True)]
 
@@ -25,54 +24,47 @@ SEGMENTS = Resource(GROUP, VERSION, SEGMENT_PLURAL)
 
 
 async def test_segments_that_changed_since_the_listing_are_taken_over_in_the_same_pass(
-    local_cluster: ClusterNamespace,
+    crd_clients: CrdClients,
 ) -> None:
-    await local_cluster.apply_crds()
-    ns = local_cluster.namespace
-    api = client_from_kubeconfig(local_cluster.kubeconfig)
-    kube = await KubeApi.connect(str(local_cluster.kubeconfig))
-    try:
-        topic = await api.create(
-            TOPICS,
-            ns,
-            {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "ScalableTopic",
-                "metadata": {"name": "recreated"},
-                "spec": {"initialSegments": 2},
-            },
+    ns, api, kube = crd_clients.namespace, crd_clients.api, crd_clients.kube
+    topic = await api.create(
+        TOPICS,
+        ns,
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ScalableTopic",
+            "metadata": {"name": "recreated"},
+            "spec": {"initialSegments": 2},
+        },
+    )
+    uid = topic["metadata"]["uid"]
+    layout = SegmentLayout.initial(2)
+    listed = []
+    for sid, info in sorted(layout.segments.items()):
+        body = segment_manifest(
+            topic="recreated",
+            namespace=ns,
+            topic_uid=uid,
+            segment_id=sid,
+            hash_range=info.hash_range,
         )
-        uid = topic["metadata"]["uid"]
-        layout = SegmentLayout.initial(2)
-        listed = []
-        for sid, info in sorted(layout.segments.items()):
-            body = segment_manifest(
-                topic="recreated",
-                namespace=ns,
-                topic_uid=uid,
-                segment_id=sid,
-                hash_range=info.hash_range,
-            )
-            body["metadata"]["ownerReferences"] = []  # orphaned by the old topic's deletion
-            listed.append(await api.create(SEGMENTS, ns, body))
-        stale, taken_by_another = listed
-        # Both change after the listing: a load report on #0; #1 is taken over by someone else.
-        await api.patch_status(SEGMENTS, ns, stale["metadata"]["name"], {"state": "Active"})
-        owner = topic_owner_reference("recreated", uid)
-        await kube.patch_segment(
-            ns,
-            taken_by_another["metadata"]["name"],
-            {"metadata": {"ownerReferences": [owner]}},
-        )
+        body["metadata"]["ownerReferences"] = []  # orphaned by the old topic's deletion
+        listed.append(await api.create(SEGMENTS, ns, body))
+    stale, taken_by_another = listed
+    # Both change after the listing: a load report on #0; #1 is taken over by someone else.
+    await api.patch_status(SEGMENTS, ns, stale["metadata"]["name"], {"state": "Active"})
+    owner = topic_owner_reference("recreated", uid)
+    await kube.patch_segment(
+        ns,
+        taken_by_another["metadata"]["name"],
+        {"metadata": {"ownerReferences": [owner]}},
+    )
 
-        cache = TopicCache(controller_url=lambda namespace, name: "")
-        assert await adopt(kube, cache, topic, listed) == 1
+    cache = TopicCache(controller_url=lambda namespace, name: "")
+    assert await adopt(kube, cache, topic, listed) == 1
 
-        for body in listed:
-            now = await api.get(SEGMENTS, ns, body["metadata"]["name"])
-            assert controlled_by(now, uid), now["metadata"]
-            assert len(now["metadata"]["ownerReferences"]) == 1, now["metadata"]
-        assert (cache.segments[(ns, "recreated")][0]["status"] or {}).get("state") == "Active"
-    finally:
-        await api.close()
-        await kube.close()
+    for body in listed:
+        now = await api.get(SEGMENTS, ns, body["metadata"]["name"])
+        assert controlled_by(now, uid), now["metadata"]
+        assert len(now["metadata"]["ownerReferences"]) == 1, now["metadata"]
+    assert (cache.segments[(ns, "recreated")][0]["status"] or {}).get("state") == "Active"

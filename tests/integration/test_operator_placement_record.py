@@ -11,14 +11,13 @@ import pytest
 
 from scalable_topics.controller.brokers import BrokerAdmin
 from scalable_topics.controller.cache import TopicCache
-from scalable_topics.controller.kube import KubeApi
 from scalable_topics.controller.protocol import OperationExecutor
 from scalable_topics.core.layout import SegmentLayout
 from scalable_topics.core.resources import GROUP, SEGMENT_PLURAL, VERSION
 from scalable_topics.core.resources.segment import segment_manifest
-from scalable_topics.localcluster.restclient import Resource, client_from_kubeconfig
+from scalable_topics.localcluster.restclient import Resource
 
-from .conftest import ClusterNamespace
+from .conftest import CrdClients
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120, func_only=True)]
 
@@ -33,12 +32,9 @@ BROKER_LOAD = {
 
 
 async def test_a_placement_keeps_a_load_its_broker_wrote_since_the_copy_was_taken(
-    local_cluster: ClusterNamespace,
+    crd_clients: CrdClients,
 ) -> None:
-    await local_cluster.apply_crds()
-    ns = local_cluster.namespace
-    api = client_from_kubeconfig(local_cluster.kubeconfig)
-    kube = await KubeApi.connect(str(local_cluster.kubeconfig))
+    ns, api, kube = crd_clients.namespace, crd_clients.api, crd_clients.kube
     cache = TopicCache(controller_url=lambda namespace, name: "")
 
     async def events(topic: Any, type_: str, reason: str, message: str) -> None:
@@ -46,34 +42,30 @@ async def test_a_placement_keeps_a_load_its_broker_wrote_since_the_copy_was_take
 
     executor = OperationExecutor(kube, BrokerAdmin(), cache, events=events)
     wanted = {"broker": {"pod": "broker-0", "url": "http://broker-0"}, "state": "Active"}
-    try:
-        created = []
-        for sid, info in sorted(SegmentLayout.initial(2).segments.items()):
-            body = segment_manifest(
-                topic="placed",
-                namespace=ns,
-                topic_uid="uid-of-placed",
-                segment_id=sid,
-                hash_range=info.hash_range,
-            )
-            created.append(await api.create(SEGMENTS, ns, body))
-        quiet, reported = created
-        await api.patch_status(SEGMENTS, ns, reported["metadata"]["name"], {"load": BROKER_LOAD})
+    created = []
+    for sid, info in sorted(SegmentLayout.initial(2).segments.items()):
+        body = segment_manifest(
+            topic="placed",
+            namespace=ns,
+            topic_uid="uid-of-placed",
+            segment_id=sid,
+            hash_range=info.hash_range,
+        )
+        created.append(await api.create(SEGMENTS, ns, body))
+    quiet, reported = created
+    await api.patch_status(SEGMENTS, ns, reported["metadata"]["name"], {"load": BROKER_LOAD})
 
-        await executor._record_placement(quiet, wanted)
-        await executor._record_placement(reported, wanted)
+    await executor._record_placement(quiet, wanted)
+    await executor._record_placement(reported, wanted)
 
-        now_quiet = await api.get(SEGMENTS, ns, quiet["metadata"]["name"])
-        assert now_quiet["status"]["broker"] == wanted["broker"]
-        assert now_quiet["status"]["load"]["msgRateIn"] == 0.0, "the zero load of a new segment"
-        now_reported = await api.get(SEGMENTS, ns, reported["metadata"]["name"])
-        assert now_reported["status"]["broker"] == wanted["broker"]
-        assert now_reported["status"]["state"] == "Active"
-        assert now_reported["status"]["load"] == BROKER_LOAD, "never zero over the broker's load"
-        cached = cache.segments[(ns, "placed")]
-        for now in (now_quiet, now_reported):
-            sid = now["spec"]["segmentId"]
-            assert cached[sid]["metadata"]["resourceVersion"] == now["metadata"]["resourceVersion"]
-    finally:
-        await api.close()
-        await kube.close()
+    now_quiet = await api.get(SEGMENTS, ns, quiet["metadata"]["name"])
+    assert now_quiet["status"]["broker"] == wanted["broker"]
+    assert now_quiet["status"]["load"]["msgRateIn"] == 0.0, "the zero load of a new segment"
+    now_reported = await api.get(SEGMENTS, ns, reported["metadata"]["name"])
+    assert now_reported["status"]["broker"] == wanted["broker"]
+    assert now_reported["status"]["state"] == "Active"
+    assert now_reported["status"]["load"] == BROKER_LOAD, "never zero over the broker's load"
+    cached = cache.segments[(ns, "placed")]
+    for now in (now_quiet, now_reported):
+        sid = now["spec"]["segmentId"]
+        assert cached[sid]["metadata"]["resourceVersion"] == now["metadata"]["resourceVersion"]
