@@ -120,6 +120,11 @@ class BrokerProcess:
                 await asyncio.sleep(0.05)
         raise TimeoutError(f"broker not ready after {within} s: {self.logs()}")
 
+    def freeze(self) -> None:
+        """SIGSTOP: every thread stops where it is; ``kill`` still ends it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGSTOP)
+
     def kill(self) -> None:
         """SIGKILL: no flush, no shutdown hooks."""
         if self.proc is not None and self.proc.poll() is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
@@ -48,9 +49,16 @@ async def _read_all(url: str, subscription: str, last: int) -> list[tuple[int, b
 
 
 async def _produce_until_killed(
-    url: str, name: str, acked: dict[int, int], stop: asyncio.Event, progress: asyncio.Event
+    url: str,
+    name: str,
+    acked: dict[int, int],
+    stop: asyncio.Event,
+    progress: asyncio.Event,
+    sent: Counter[str],
+    sending: asyncio.Event,
 ) -> list[UnackedEntry]:
-    """Pipeline entries of 20 messages until the connection dies; returns the unacked ones."""
+    """Pipeline entries of 20 messages until the connection dies; returns the unacked ones.
+    ``sent`` counts the entries handed to the connection, and ``sending`` is set with each."""
     producer = await SegmentProducer.connect(url, NS, TOPIC, 0, name)
     futures: list[asyncio.Future[EntryAck]] = []
 
@@ -69,6 +77,8 @@ async def _produce_until_killed(
             fut = await producer.send_entry(msgs)
             fut.add_done_callback(record)
             futures.append(fut)
+            sent[name] += 1
+            sending.set()
             seq += 1
             if producer.inflight_entries > 64:
                 await asyncio.sleep(0)
@@ -118,8 +128,12 @@ async def test_sigkill_loses_no_acknowledged_entry_and_retries_do_not_duplicate(
         acked: dict[str, dict[int, int]] = {n: {} for n in names}
         stop = asyncio.Event()
         progress = asyncio.Event()
+        sent: Counter[str] = Counter()
+        sending = asyncio.Event()
         tasks = [
-            asyncio.create_task(_produce_until_killed(broker.url, n, acked[n], stop, progress))
+            asyncio.create_task(
+                _produce_until_killed(broker.url, n, acked[n], stop, progress, sent, sending)
+            )
             for n in names
         ]
         # 600 entries are a second's work on a quiet machine; CI runs this beside four clusters.
@@ -127,6 +141,16 @@ async def test_sigkill_loses_no_acknowledged_entry_and_retries_do_not_duplicate(
             while sum(len(a) for a in acked.values()) < 600:
                 progress.clear()
                 await progress.wait()
+        # Frozen wherever it is (a write, a sync, an ack half sent), the broker is killed once
+        # every producer has sent after the freeze: those entries cannot have been acknowledged,
+        # so the retry below always has some (a loaded machine could otherwise let the broker
+        # acknowledge everything sent before the kill).
+        broker.freeze()
+        before = Counter(sent)
+        async with asyncio.timeout(30):
+            while any(sent[n] <= before[n] for n in names):
+                sending.clear()
+                await sending.wait()
         broker.kill()
         stop.set()
         async with asyncio.timeout(30):
