@@ -31,6 +31,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from scalable_topics.controller.kube import KubeApi
+from scalable_topics.core.layout import SegmentLayout
+from scalable_topics.core.resources import GROUP, SEGMENT_PLURAL, TOPIC_PLURAL, VERSION
+from scalable_topics.core.resources.segment import segment_manifest
 from scalable_topics.localcluster.controlplane import ControlPlane, kube_binary
 from scalable_topics.localcluster.nodekubelet import NodeKubelet
 from scalable_topics.localcluster.provisioner import ClaimProvisioner
@@ -47,6 +50,8 @@ from .client_harness import OperatorReplica, broker_processes, start_operator
 T = TypeVar("T")
 NAMESPACES = Resource("", "v1", "namespaces", namespaced=False)
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts")
+TOPICS = Resource(GROUP, VERSION, TOPIC_PLURAL)
+SEGMENTS = Resource(GROUP, VERSION, SEGMENT_PLURAL)
 NODE_NAME = "local"
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 
@@ -335,6 +340,40 @@ class CrdClients:
     namespace: str
     api: RestClient
     kube: KubeApi
+
+    async def create_topic(self, name: str, initial_segments: int) -> dict[str, Any]:
+        return await self.api.create(
+            TOPICS,
+            self.namespace,
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "ScalableTopic",
+                "metadata": {"name": name},
+                "spec": {"initialSegments": initial_segments},
+            },
+        )
+
+    async def create_first_segments(
+        self, topic: dict[str, Any], *, owned: bool = True
+    ) -> list[dict[str, Any]]:
+        """The Segment resources of the topic's first layout, in segment order, as the operator
+        writes them (owned by the topic, or ``owned=False``: orphaned, as a topic's deletion
+        leaves them)."""
+        meta = topic["metadata"]
+        layout = SegmentLayout.initial(topic["spec"]["initialSegments"])
+        created = []
+        for sid, info in sorted(layout.segments.items()):
+            body = segment_manifest(
+                topic=meta["name"],
+                namespace=self.namespace,
+                topic_uid=meta["uid"],
+                segment_id=sid,
+                hash_range=info.hash_range,
+            )
+            if not owned:
+                body["metadata"]["ownerReferences"] = []
+            created.append(await self.api.create(SEGMENTS, self.namespace, body))
+        return created
 
 
 @pytest.fixture

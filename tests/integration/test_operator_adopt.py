@@ -9,47 +9,21 @@ import pytest
 
 from scalable_topics.controller.cache import TopicCache
 from scalable_topics.controller.restore import adopt, controlled_by
-from scalable_topics.core.layout import SegmentLayout
-from scalable_topics.core.resources import GROUP, SEGMENT_PLURAL, TOPIC_PLURAL, VERSION
 from scalable_topics.core.resources.names import topic_owner_reference
-from scalable_topics.core.resources.segment import segment_manifest
-from scalable_topics.localcluster.restclient import Resource
 
-from .conftest import CrdClients
+from .conftest import SEGMENTS, CrdClients
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120, func_only=True)]
-
-TOPICS = Resource(GROUP, VERSION, TOPIC_PLURAL)
-SEGMENTS = Resource(GROUP, VERSION, SEGMENT_PLURAL)
 
 
 async def test_segments_that_changed_since_the_listing_are_taken_over_in_the_same_pass(
     crd_clients: CrdClients,
 ) -> None:
     ns, api, kube = crd_clients.namespace, crd_clients.api, crd_clients.kube
-    topic = await api.create(
-        TOPICS,
-        ns,
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "ScalableTopic",
-            "metadata": {"name": "recreated"},
-            "spec": {"initialSegments": 2},
-        },
-    )
+    topic = await crd_clients.create_topic("recreated", initial_segments=2)
     uid = topic["metadata"]["uid"]
-    layout = SegmentLayout.initial(2)
-    listed = []
-    for sid, info in sorted(layout.segments.items()):
-        body = segment_manifest(
-            topic="recreated",
-            namespace=ns,
-            topic_uid=uid,
-            segment_id=sid,
-            hash_range=info.hash_range,
-        )
-        body["metadata"]["ownerReferences"] = []  # orphaned by the old topic's deletion
-        listed.append(await api.create(SEGMENTS, ns, body))
+    # Orphaned by the old topic's deletion.
+    listed = await crd_clients.create_first_segments(topic, owned=False)
     stale, taken_by_another = listed
     # Both change after the listing: a load report on #0; #1 is taken over by someone else.
     await api.patch_status(SEGMENTS, ns, stale["metadata"]["name"], {"state": "Active"})

@@ -12,17 +12,11 @@ import pytest
 from scalable_topics.controller.brokers import BrokerAdmin
 from scalable_topics.controller.cache import TopicCache
 from scalable_topics.controller.protocol import OperationExecutor
-from scalable_topics.core.layout import SegmentLayout
-from scalable_topics.core.resources import GROUP, SEGMENT_PLURAL, TOPIC_PLURAL, VERSION
-from scalable_topics.core.resources.segment import segment_manifest
-from scalable_topics.localcluster.restclient import Resource
 
-from .conftest import CrdClients
+from .conftest import SEGMENTS, CrdClients
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120, func_only=True)]
 
-TOPICS = Resource(GROUP, VERSION, TOPIC_PLURAL)
-SEGMENTS = Resource(GROUP, VERSION, SEGMENT_PLURAL)
 BROKER_LOAD = {
     "msgRateIn": 120.0,
     "bytesRateIn": 12000.0,
@@ -44,26 +38,8 @@ async def test_a_placement_keeps_a_load_its_broker_wrote_since_the_copy_was_take
     executor = OperationExecutor(kube, BrokerAdmin(), cache, events=events)
     wanted = {"broker": {"pod": "broker-0", "url": "http://broker-0"}, "state": "Active"}
     # A real owner: the garbage collector deletes a Segment whose topic does not exist.
-    topic = await api.create(
-        TOPICS,
-        ns,
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "ScalableTopic",
-            "metadata": {"name": "placed"},
-            "spec": {"initialSegments": 2},
-        },
-    )
-    created = []
-    for sid, info in sorted(SegmentLayout.initial(2).segments.items()):
-        body = segment_manifest(
-            topic="placed",
-            namespace=ns,
-            topic_uid=topic["metadata"]["uid"],
-            segment_id=sid,
-            hash_range=info.hash_range,
-        )
-        created.append(await api.create(SEGMENTS, ns, body))
+    topic = await crd_clients.create_topic("placed", initial_segments=2)
+    created = await crd_clients.create_first_segments(topic)
     quiet, reported = created
     await api.patch_status(SEGMENTS, ns, reported["metadata"]["name"], {"load": BROKER_LOAD})
 
