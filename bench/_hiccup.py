@@ -47,11 +47,6 @@ class CoreStalls:
     def longest_ms(self) -> float:
         return max(self.gaps_ms, default=0.0)
 
-    @property
-    def stalled_share(self) -> float:
-        """Share of the probe's time spent in gaps over 1 ms."""
-        return sum(g for g in self.gaps_ms if g > 1.0) / 1000 / self.seconds
-
 
 @dataclass(frozen=True)
 class Stalls:
