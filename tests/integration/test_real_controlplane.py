@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -35,6 +36,7 @@ from scalable_topics.localcluster.controlplane import (
     CONTROLLER_MANAGER,
     CONTROLLER_MANAGER_USER,
     ETCD,
+    GO_GC_PERCENT,
     SCHEDULER,
     SCHEDULER_USER,
     ControlPlane,
@@ -136,6 +138,15 @@ async def test_start_reports_each_step_and_isolates_the_processes(plane: Control
         names = environment_names(pid)
         assert names.isdisjoint(LEAKY_ENV), (name, names & set(LEAKY_ENV))
         assert plane.log_path(name).stat().st_size > 0
+
+
+async def test_the_api_server_runs_with_its_gc_percent(plane: ControlPlane) -> None:
+    metrics = (await kubectl(plane, "get", "--raw", "/metrics")).stdout
+    found = re.search(r"^go_gc_gogc_percent (\S+)$", metrics, re.M)
+    assert found is not None, "the API server's Go runtime metrics have no go_gc_gogc_percent"
+    expected = os.environ.get("GOGC", GO_GC_PERCENT[APISERVER])
+    assert float(found.group(1)) == float(expected)
+    assert ("GOGC" in environment_names(plane.pids[ETCD])) == ("GOGC" in os.environ)
 
 
 async def test_kubectl_and_server_are_the_pinned_release(plane: ControlPlane) -> None:
