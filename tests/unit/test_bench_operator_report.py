@@ -52,3 +52,12 @@ def test_a_count_without_a_target_reports_figures_only() -> None:
     bench_operator._record(section, _result(100, 9.0))
     assert section.targets == []
     assert {f.name for f in section.figures} >= {"ready_seconds", "operator_memory_per_topic"}
+
+
+def test_the_operator_runs_with_its_default_resync_and_lease_timings() -> None:
+    from scalable_topics.controller.__main__ import parse_args
+
+    assert parse_args([]).resync_interval == bench_operator.RESYNC_SECONDS
+    overlay = bench_operator.REPO / "manifests/overlays/local/operator-deployment.yaml"
+    for flag in bench_operator.DEFAULT_ARGS:
+        assert flag in overlay.read_text(), f"{flag} is not in the local overlay: nothing to drop"
