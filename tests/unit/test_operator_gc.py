@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import Coroutine, Iterator
 from typing import Any
@@ -29,7 +30,7 @@ def test_main_sets_the_thresholds_before_the_operator_runs(
         coroutine.close()
         seen.append(gc.get_threshold())
 
-    monkeypatch.setattr(entry.asyncio, "run", run)
+    monkeypatch.setattr(asyncio, "run", run)
     entry.main([])
     assert seen == [entry.GC_THRESHOLDS]
     young, _, _ = entry.GC_THRESHOLDS
