@@ -55,7 +55,7 @@ its own defaults, as the base manifests deploy it. The overlay's Lease timings (
 15/10/2 s) make fail-over tests fast: at 10,000 topics on two cores the API server answers a
 renewal in seconds, and losing the Lease restarts every topic's work. Its resync every 30 s
 (instead of 60 s) makes tests that wait for a periodic pass fast: at 10,000 topics it is a pass
-over 330 topics a second, a sixth of a core (the table of CPU at rest)."""
+over 330 topics a second (the operator at rest used 0.29 of a core with it, 0.24 without)."""
 CPU_ROLES = {
     "kube-apiserver": "kube-apiserver",
     "etcd": "etcd ",
