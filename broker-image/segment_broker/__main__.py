@@ -39,7 +39,7 @@ GC_THRESHOLDS = (700, 10, 100)
 collection of what the hot path allocated stays small and short), and a full collection at most
 every 100 collections of the middle one instead of every 10. A full collection walks every
 hosted segment's objects: while 3,000 topics were created, each of the three brokers made 8 of
-them, about 130 ms each (220 ms each four minutes into a 10,000-topic run), every one a stall of
+them, about 90 ms each (220 ms each four minutes into a 10,000-topic run), every one a stall of
 every connection of the broker. At these thresholds: none, and 0.35 instead of 1.0 s of
 collections per broker (bench/README.md, operator, eleventh round)."""
 
