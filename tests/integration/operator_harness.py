@@ -47,6 +47,8 @@ from scalable_topics.localcluster.restclient import (
 )
 from segment_broker.testing import free_port
 
+from .conftest import SEGMENTS as SEGMENTS
+from .conftest import TOPICS as TOPICS
 from .conftest import KubectlResult, run_kubectl
 
 T = TypeVar("T")
@@ -56,8 +58,6 @@ OVERLAY = REPO / "manifests" / "overlays" / "local"
 NAMESPACE = "scalable-topics"
 OPERATOR_DEPLOYMENT = "scalable-topics-operator"
 
-TOPICS = Resource("scalabletopics.io", "v1alpha1", "scalabletopics")
-SEGMENTS = Resource("scalabletopics.io", "v1alpha1", "segments")
 LEASES = Resource("coordination.k8s.io", "v1", "leases")
 EVENTS = Resource("", "v1", "events")
 DEPLOYMENTS = Resource("apps", "v1", "deployments")

@@ -26,16 +26,13 @@ from scalable_topics.controller.protocol import OperationExecutor
 from scalable_topics.controller.reconciler import FINALIZER, TopicReconciler, kube_events
 from scalable_topics.core.jsontypes import JsonObj
 from scalable_topics.core.policy import DEFAULT_POLICY
-from scalable_topics.core.resources import GROUP, SEGMENT_PLURAL, TOPIC_PLURAL, VERSION
-from scalable_topics.localcluster.restclient import Resource, RestClient, client_from_kubeconfig
+from scalable_topics.core.resources import GROUP, VERSION
+from scalable_topics.localcluster.restclient import RestClient, client_from_kubeconfig
 from segment_broker.testing import running_broker
 
-from .conftest import ClusterNamespace
+from .conftest import SEGMENTS, TOPICS, ClusterNamespace
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120, func_only=True)]
-
-TOPICS = Resource(GROUP, VERSION, TOPIC_PLURAL)
-SEGMENTS = Resource(GROUP, VERSION, SEGMENT_PLURAL)
 
 
 @dataclass

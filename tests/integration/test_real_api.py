@@ -42,7 +42,7 @@ from ..unit.test_crds import (
     status_examples,
     topic,
 )
-from .conftest import eventually
+from .conftest import SEGMENTS, TOPICS, eventually
 from .test_real_controlplane import kube, kubectl, plane  # noqa: F401  (module fixtures)
 
 pytestmark = [
@@ -54,8 +54,6 @@ pytestmark = [
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "manifests" / "examples"
 NS = "default"
-TOPICS = Resource(r.GROUP, r.VERSION, r.TOPIC_PLURAL)
-SEGMENTS = Resource(r.GROUP, r.VERSION, r.SEGMENT_PLURAL)
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
 STRICT = {"fieldValidation": "Strict"}
 DRY_RUN = {**STRICT, "dryRun": "All"}
