@@ -341,6 +341,32 @@ def test_a_sealed_backlog_drains_wide_then_reverts_to_one_consumer_per_segment()
     assert sorted(len(c.sharers(s)) for s in (1, 2)) == [2, 2], "children N=2 each"
 
 
+def test_a_consumer_arriving_when_every_bucket_has_a_reader_takes_a_busy_primarys_place() -> None:
+    """Found by the state machine: two sealed segments of two buckets, both with the same
+    primary, each shared with one helper. A fourth consumer takes the primary's place in one
+    of them instead of staying idle: four consumers, one bucket each."""
+    layout = SegmentLayout.initial(2)
+    buckets = initial_layout_buckets(layout, budget=8)
+    c = SubscriptionCoordinator(layout, grace_period=60.0, buckets=buckets)
+    for name in "ca":
+        c.register(name, 0.0)
+    for step in (
+        lambda x: x.split(0),
+        lambda x: x.prune(0),
+        lambda x: x.merge(2, 3),
+        lambda x: x.merge(4, 1),
+    ):
+        layout = step(layout)
+        buckets = layout_buckets(layout, buckets)
+        c.layout_changed(layout, 0.0, buckets)
+    c.drained(c.holders(1)[0] if c.holders(1) else None, 1, 0.0)
+    for name in "bd":
+        c.register(name, 0.0)
+    release_all(c, 0.0)
+    assert sorted(c.unit_owners().values()) == ["a", "b", "c", "d"]
+    check_keyshared(c)
+
+
 def test_a_shared_sealed_segment_drains_once_every_bucket_was_reported() -> None:
     layout = SegmentLayout.initial(1)
     c = SubscriptionCoordinator(layout, grace_period=30.0, buckets={0: 2})

@@ -35,7 +35,8 @@ class SubscriptionCoordinator(Coordinator[int]):
     before (sticky or round-robin, sealed segments pinned, children near their parents). On top
     of that, every connected consumer with no consumable segment of its own (an *idle* one) is
     made a *helper* of one consumable segment whose primary is connected and that has fewer
-    sharers than buckets: sealed segments first (a sealed backlog drains wide, PIP-486 use case
+    sharers than buckets, or takes the place of a primary that reads other segments too (its
+    segment's buckets already all have a reader): sealed segments first (a sealed backlog drains wide, PIP-486 use case
     1), then the one with the most buckets per sharer. A shared segment's ``N`` buckets are
     split among its sharers (primary and helpers) to within one, moving as few as possible;
     each bucket (``(segment, bucket)`` unit) has exactly one owner. So with consumers <=
@@ -408,15 +409,16 @@ class SubscriptionCoordinator(Coordinator[int]):
         reading = {n for names in readers.values() for n in names}
         for n in sorted(live - reading):
             load = Counter(primary[s] for s in primary if s not in taken)
-            # share a segment with fewer readers than buckets, or take over a whole one from a
-            # primary that reads others too (a pinned sealed segment, an N = 1 segment)
+            # share a segment with fewer readers than buckets, or take the place of a primary
+            # that reads others too (a pinned sealed segment, an N = 1 segment, a segment
+            # whose every bucket already has a reader)
             candidates = [
                 s
                 for s in primary
                 if primary[s] in live
                 and (
                     len(readers[s]) < counts[s]
-                    or (readers[s] == {primary[s]} and load[primary[s]] > 1)
+                    or (primary[s] in readers[s] and load[primary[s]] > 1)
                 )
             ]
             if not candidates:
@@ -427,7 +429,7 @@ class SubscriptionCoordinator(Coordinator[int]):
             )
             if len(readers[best]) >= counts[best]:
                 taken.add(best)
-                readers[best] = set()
+                readers[best].discard(primary[best])
             readers[best].add(n)
 
         effective: dict[Unit, str] = {}
