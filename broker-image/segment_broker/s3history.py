@@ -20,7 +20,6 @@ telemetry). :meth:`close` flushes what is left.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -87,7 +86,7 @@ class S3HistoryWriter:
             new_partition = False
             for r in records:
                 partition = history_partition(r.ts)
-                line = json.dumps(r.to_json(), separators=(",", ":")) + "\n"
+                line = r.to_line()
                 if partition not in self._buffer:
                     new_partition = new_partition or bool(self._buffer)
                     self._buffer[partition] = (r.ts, [])

@@ -155,7 +155,7 @@ class Broker:
                     "unrecoverable": self.store.unrecoverable,
                     "corrupted": {
                         h.segment.name: h.segment.corruption.to_json()
-                        for h in self.store
+                        for h in self.store.quarantined.values()
                         if h.segment.corruption is not None
                     },
                 }

@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from scalable_topics.core.hashing import segment_hash
@@ -581,3 +583,90 @@ async def test_a_segment_removed_during_publish_is_not_reported_again() -> None:
     await tracker.publish(records)
     assert [w[2] for w in inner.writes] == [0]
     assert inner.forgotten == [("ns", "t", 1)]
+
+
+# --- idle segments cost little, and report what a full computation gives ----------------------
+
+_STEPS = st.lists(
+    st.tuples(
+        st.integers(0, 3),  # entries written in the interval
+        st.integers(0, 2),  # dispatches in the interval
+        st.floats(0.0, 25.0),  # seconds until the tick
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_STEPS)
+def test_rates_of_quiet_and_busy_intervals_match_a_full_computation(
+    steps: list[tuple[int, int, float]],
+) -> None:
+    """Whatever mix of quiet and busy intervals: the rates and histogram of each tick are the
+    sums over the retained buckets divided by their span, as if nothing were skipped."""
+    clock = Clock(T0)
+    tracker = make_tracker(clock)
+    seg = tracker.segment("ns", "t", 0, "d", (0, 0xFFFF))
+    buckets: list[tuple[float, float, int, int, int, int]] = []
+    opened = T0
+    for written, dispatched, seconds in steps:
+        for i in range(written):
+            seg.record_in(2, 100, i * 4096)
+        for _ in range(dispatched):
+            seg.record_out(1, 30)
+        clock.t += seconds
+        rates, messages_in, hist = seg.close_bucket(clock.t)
+        buckets = [
+            *buckets,
+            (opened, clock.t, 2 * written, 100 * written, dispatched, 30 * dispatched),
+        ][-6:]
+        opened = clock.t
+        span = clock.t - buckets[0][0]
+        sums = [sum(b[k] for b in buckets) for k in range(2, 6)]
+        expected = SegmentRates(*(s / span for s in sums)) if span > 0 else SegmentRates()
+        assert rates == pytest.approx(expected)
+        assert messages_in == 2 * written
+        assert list(hist) == [2 if b * 4096 < written * 4096 else 0 for b in range(HIST_BINS)]
+
+
+_NAME = st.text("abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=63)
+_RATE = st.floats(0.0, 1e9, allow_nan=False) | st.just(0.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ts=st.floats(0.0, 4e9, allow_nan=False) | st.integers(0, 4_000_000_000),
+    namespace=_NAME,
+    topic=_NAME,
+    segment_id=st.integers(0, 2**40),
+    descriptor=st.text(min_size=1, max_size=30),
+    start=st.integers(0, 0xFFFF),
+    rates=st.tuples(_RATE, _RATE, _RATE, _RATE) | st.just((0.0, 0.0, 0.0, 0.0)),
+    messages_in=st.integers(0, 10**9) | st.just(0),
+    hist=st.lists(st.integers(0, 10**6), min_size=HIST_BINS, max_size=HIST_BINS)
+    | st.just([0] * HIST_BINS),
+)
+def test_the_history_line_is_the_record_in_compact_json(
+    ts: float,
+    namespace: str,
+    topic: str,
+    segment_id: int,
+    descriptor: str,
+    start: int,
+    rates: tuple[float, float, float, float],
+    messages_in: int,
+    hist: list[int],
+) -> None:
+    record = LoadRecord(
+        ts,
+        namespace,
+        topic,
+        segment_id,
+        descriptor,
+        start,
+        0xFFFF,
+        SegmentRates(*rates),
+        messages_in,
+        tuple(hist),
+    )
+    assert record.to_line() == json.dumps(record.to_json(), separators=(",", ":")) + "\n"
