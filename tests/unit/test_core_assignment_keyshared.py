@@ -350,12 +350,13 @@ def test_a_consumer_arriving_when_every_bucket_has_a_reader_takes_a_busy_primary
     c = SubscriptionCoordinator(layout, grace_period=60.0, buckets=buckets)
     for name in "ca":
         c.register(name, 0.0)
-    for step in (
+    steps: list[Callable[[SegmentLayout], SegmentLayout]] = [
         lambda x: x.split(0),
         lambda x: x.prune(0),
         lambda x: x.merge(2, 3),
         lambda x: x.merge(4, 1),
-    ):
+    ]
+    for step in steps:
         layout = step(layout)
         buckets = layout_buckets(layout, buckets)
         c.layout_changed(layout, 0.0, buckets)

@@ -36,13 +36,13 @@ class SubscriptionCoordinator(Coordinator[int]):
     of that, every connected consumer with no consumable segment of its own (an *idle* one) is
     made a *helper* of one consumable segment whose primary is connected and that has fewer
     sharers than buckets, or takes the place of a primary that reads other segments too (its
-    segment's buckets already all have a reader): sealed segments first (a sealed backlog drains wide, PIP-486 use case
-    1), then the one with the most buckets per sharer. A shared segment's ``N`` buckets are
-    split among its sharers (primary and helpers) to within one, moving as few as possible;
-    each bucket (``(segment, bucket)`` unit) has exactly one owner. So with consumers <=
-    consumable segments nothing changes (whole segments, ``buckets`` is ``None``), and with
-    more every consumer up to ``sum(N)`` has work. A segment whose bucket count is not known
-    counts as one bucket (never shared).
+    segment's buckets already all have a reader): sealed segments first (a sealed backlog
+    drains wide, PIP-486 use case 1), then the one with the most buckets per sharer. A shared
+    segment's ``N`` buckets are split among its sharers (primary and helpers) to within one,
+    moving as few as possible; each bucket (``(segment, bucket)`` unit) has exactly one owner.
+    So with consumers <= consumable segments nothing changes (whole segments, ``buckets`` is
+    ``None``), and with more every consumer up to ``sum(N)`` has work. A segment whose bucket
+    count is not known counts as one bucket (never shared).
 
     **Hand-off.** A unit whose owner changes while its previous owner is still registered is
     *withheld*: it is in nobody's assignment (the previous owner sees it in ``releasing``) until
