@@ -5,6 +5,7 @@ rolled files (time retention), and what they report is what visiting every segme
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -113,15 +114,18 @@ async def test_a_young_segment_that_rested_is_not_diluted_by_time_before_it_exis
 async def test_time_retention_reaches_an_idle_segment(store: SegmentStore) -> None:
     """Files consumed while still young are deleted once they are old, by the pass of every
     second, with no traffic or cursor change to make the segment due."""
-    rolled = await _host(store, "rolled", Retention(time_ms=500))
-    single = await _host(store, "single", Retention(time_ms=500))
+    rolled = await _host(store, "rolled", Retention(time_ms=1500))
+    single = await _host(store, "single", Retention(time_ms=1500))
     await _write(rolled.segment, 60, b"z" * 40)
     await _write(single.segment, 2, b"z")
     files = len(rolled.segment.log.files)
     assert files > 3
-    rolled.segment.cursors["s"].ack_cumulative(59)
+    for lf in rolled.segment.log.files:
+        os.utime(lf.path)  # as young as they can be, however long the writes took
+    cursor = rolled.segment.cursors["s"]
+    cursor.ack_cumulative(59)
     single.segment.cursors["s"].ack_cumulative(1)
-    await asyncio.sleep(0.25)
+    await _until(lambda: not cursor.dirty, "the ack's housekeeping round")
     assert len(rolled.segment.log.files) == files, "younger than the retention time"
     await _until(lambda: len(rolled.segment.log.files) == 1, "the consumed files deleted")
     await _until(lambda: rolled.segment not in store._rolled, "the segment out of the rolled ones")
