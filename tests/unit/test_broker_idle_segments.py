@@ -4,19 +4,18 @@ rolled files (time retention), and what they report is what visiting every segme
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from scalable_topics.core import wire
 from scalable_topics.core.subscriptions import BrokerSubscriptionType
-from scalable_topics.core.wire import Message
 from segment_broker.metrics import BrokerMetrics
-from segment_broker.storage.segment import Retention, Segment, StorageSettings
+from segment_broker.storage.segment import Retention, StorageSettings
 from segment_broker.store import RATE_SAMPLES, HostedSegment, SegmentStore
+from tests.unit.test_broker_storage import _append_durably
+from tests.unit.test_broker_storage_pipeline import _until
 
 SUBSCRIPTIONS = {"s": BrokerSubscriptionType.EXCLUSIVE}
 
@@ -39,30 +38,10 @@ async def _host(
     return hosted
 
 
-async def _write(seg: Segment, count: int, value: bytes) -> None:
-    """``count`` entries of producer ``p``, each durable before the next."""
-    first = seg.log.next_position
-    for i in range(count):
-        entry = wire.encode_entry("p", first + i, [Message(value, key=b"k")])
-        position, _ = seg.append(entry, wire.decode_entry_header(entry))
-        async with asyncio.timeout(10):
-            while seg.visible_position < position:
-                await seg.wait_flushed()
-
-
-async def _until(condition: Callable[[], bool], what: str) -> None:
-    try:
-        async with asyncio.timeout(10):
-            while not condition():  # noqa: ASYNC110 - state changed by the store's loops
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        pytest.fail(f"timed out waiting for {what}")
-
-
 async def test_a_segment_without_traffic_is_not_sampled(store: SegmentStore) -> None:
     idle = await _host(store, "idle")
     busy = await _host(store, "busy")
-    await _write(busy.segment, 3, b"x")
+    await _append_durably(busy.segment, 3, b"x")
     assert store._moving == {("ns", "busy", 0)}
     assert len(idle.samples) == 1, "one sample when hosted: the zero its rates start from"
     await _until(lambda: len(busy.samples) >= 3, "three samples of the busy segment")
@@ -75,7 +54,7 @@ async def test_a_segment_without_traffic_is_not_sampled(store: SegmentStore) -> 
 
 async def test_a_dispatch_makes_a_segment_sampled(store: SegmentStore) -> None:
     hosted = await _host(store, "read")
-    await _write(hosted.segment, 2, b"x")
+    await _append_durably(hosted.segment, 2, b"x")
     store._moving.clear()
     messages_out = hosted.segment.messages_out
     dispatch = hosted.dispatchers["s"].on_out
@@ -116,8 +95,8 @@ async def test_time_retention_reaches_an_idle_segment(store: SegmentStore) -> No
     second, with no traffic or cursor change to make the segment due."""
     rolled = await _host(store, "rolled", Retention(time_ms=1500))
     single = await _host(store, "single", Retention(time_ms=1500))
-    await _write(rolled.segment, 60, b"z" * 40)
-    await _write(single.segment, 2, b"z")
+    await _append_durably(rolled.segment, 60, b"z" * 40)
+    await _append_durably(single.segment, 2, b"z")
     files = len(rolled.segment.log.files)
     assert files > 3
     for lf in rolled.segment.log.files:
