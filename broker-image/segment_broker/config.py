@@ -21,6 +21,7 @@ class BrokerConfig:
     fsync_interval_ms: int = 50
     roll_bytes: int = 256 * 1024 * 1024
     cache_bytes: int = 256 * 1024 * 1024
+    page_cache_bytes: int = 64 * 1024 * 1024
     cursor_flush_ms: int = 100
     max_inflight_bytes: int = 8 * 1024 * 1024
     max_frame_bytes: int = 32 * 1024 * 1024
@@ -53,6 +54,8 @@ class BrokerConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.page_cache_bytes < 0:
+            raise ValueError("page_cache_bytes must not be negative")
         if self.fence_wait_s < 0:
             raise ValueError("fence_wait_s must not be negative")
         if self.handoff_wait_s < 0:
@@ -84,6 +87,10 @@ _HELP = {
     "roll_bytes": "log file size at which a new file is started",
     "cache_bytes": "memory for recent entries (tailing consumers read them without disk "
     "reads), shared evenly by the hosted segments (at least 1 MiB each)",
+    "page_cache_bytes": "synced bytes at the end of each log file left in the OS page cache: "
+    "older ones are dropped from it after their sync (posix_fadvise DONTNEED), so the broker's "
+    "writes reuse the memory they freed instead of filling the machine's; readers further "
+    "behind read from the disk. 0: leave everything to the kernel",
     "cursor_flush_ms": "how often changed cursors are persisted",
     "max_inflight_bytes": "per producer connection: unacknowledged bytes before reading pauses",
     "max_frame_bytes": "largest WebSocket frame accepted",
@@ -135,6 +142,7 @@ def parse_config(
             "fsync_interval_ms": int,
             "roll_bytes": int,
             "cache_bytes": int,
+            "page_cache_bytes": int,
             "cursor_flush_ms": int,
             "max_inflight_bytes": int,
             "max_frame_bytes": int,
@@ -177,6 +185,7 @@ def _coerce(name: str, raw: str) -> object:
         "fsync_interval_ms",
         "roll_bytes",
         "cache_bytes",
+        "page_cache_bytes",
         "cursor_flush_ms",
         "max_inflight_bytes",
         "max_frame_bytes",

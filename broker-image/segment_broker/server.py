@@ -87,6 +87,7 @@ class Broker:
                 roll_bytes=config.roll_bytes,
                 cache_bytes=config.cache_bytes,
                 cursor_flush_ms=config.cursor_flush_ms,
+                page_cache_bytes=config.page_cache_bytes,
             ),
             self.metrics,
             tracker,

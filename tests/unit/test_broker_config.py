@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from segment_broker.config import BrokerConfig, parse_config
+from segment_broker.server import Broker
 
 
 def test_cli_wins_over_environment_and_defaults_apply() -> None:
@@ -30,6 +33,11 @@ def test_cli_wins_over_environment_and_defaults_apply() -> None:
     )
     assert cfg.auth_audience == "scalabletopics.io"
     assert parse_config(["--data-dir", "/d"], {}).auth == "none"
+    assert parse_config(["--data-dir", "/d"], {}).page_cache_bytes == 64 * 1024 * 1024
+    env = {"SEGMENT_BROKER_PAGE_CACHE_BYTES": "0"}
+    assert parse_config(["--data-dir", "/d"], env).page_cache_bytes == 0
+    cfg = parse_config(["--data-dir", "/d", "--page-cache-bytes", "1048576"], env)
+    assert cfg.page_cache_bytes == 1048576
 
 
 @pytest.mark.parametrize(
@@ -42,8 +50,14 @@ def test_cli_wins_over_environment_and_defaults_apply() -> None:
         ["--data-dir", "/d", "--auth", "ldap"],
         ["--data-dir", "/d", "--auth", "kubernetes", "--admin-token-file", "/t"],
         ["--data-dir", "/d", "--auth-ttl-s", "-1"],
+        ["--data-dir", "/d", "--page-cache-bytes", "-1"],
     ],
 )
 def test_invalid_settings_are_rejected(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         parse_config(argv, {})
+
+
+def test_the_broker_hands_its_storage_settings_to_the_store(tmp_path: Path) -> None:
+    cfg = parse_config(["--data-dir", str(tmp_path), "--page-cache-bytes", "4096"], {})
+    assert Broker(cfg).store.settings.page_cache_bytes == 4096

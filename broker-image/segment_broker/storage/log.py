@@ -73,6 +73,7 @@ _WRITE_SLICE = 2 * 1024 * 1024
 """Bytes per ``writev``: the writer publishes progress at least this often, so the syncer can
 start on the first part of a large backlog while the rest is still being written."""
 _IOV_MAX = 1024
+_DROP_STEP_MIN = 1024 * 1024
 _VERIFY_CHUNK = 8 * 1024 * 1024
 _NONZERO = re.compile(b"[^\x00]")
 
@@ -510,7 +511,12 @@ class SegmentLog:
         return data, last, lf
 
     def start_writer(
-        self, *, sync_each: bool, interval_s: float, notify: Callable[[], object]
+        self,
+        *,
+        sync_each: bool,
+        interval_s: float,
+        notify: Callable[[], object],
+        page_cache_bytes: int = 0,
     ) -> LogWriter:
         """Hand the active file to a new :class:`LogWriter` (after :meth:`open`)."""
         fd = self._fd
@@ -524,6 +530,7 @@ class SegmentLog:
             interval_s=interval_s,
             notify=notify,
             name=self.directory.name,
+            page_cache_bytes=page_cache_bytes,
         )
         return self.writer
 
@@ -736,6 +743,13 @@ class LogWriter:
 
     ``notify`` is called from the threads (coalesced: at most one call until :meth:`take`) when
     ``written_position`` (interval mode), ``synced_position``, a roll or an error is new.
+
+    ``page_cache_bytes`` (> 0): after each sync the syncer drops what it synced from the page
+    cache (``posix_fadvise(DONTNEED)``) except the file's last ``page_cache_bytes``, and a rolled
+    file entirely. A busy log then writes into the memory it freed a moment earlier instead of
+    growing the page cache over the whole machine's memory, where every new page costs the
+    kernel a reclaim (or, on a VM that returns free memory to its host, a fault in the host).
+    Readers behind that window read from the disk.
     """
 
     def __init__(
@@ -748,9 +762,11 @@ class LogWriter:
         interval_s: float,
         notify: Callable[[], object],
         name: str = "",
+        page_cache_bytes: int = 0,
     ) -> None:
         self.directory = directory
         self.sync_each = sync_each
+        self.page_cache_bytes = page_cache_bytes
         self.interval_s = interval_s
         self._notify_cb = notify
         self._lock = threading.Lock()
@@ -759,6 +775,10 @@ class LogWriter:
         self._ops: list[tuple[bytearray | bytes, int] | Path] = []
         self._fd = fd
         self._retired: list[int] = []
+        self._written_offset = os.fstat(fd).st_size
+        """Bytes in the active file (``written_position`` is its last entry)."""
+        self._dropped_to = 0
+        """Offset of the active file below which the syncer dropped the page cache."""
         self._stopping = False
         self._writer_done = False
         self._final_sync = True
@@ -907,6 +927,7 @@ class LogWriter:
         done = time.perf_counter()
         with self._lock:
             self.written_position = last_position
+            self._written_offset += sum(len(b) for b in bufs)
             self._written_at.append((last_position, done))
             self._syncer_cv.notify()
             if not self.sync_each:
@@ -934,8 +955,31 @@ class LogWriter:
                     self.synced_position = written
             self._retired.append(old)
             self._fd = fd
+            self._written_offset = 0
+            self._dropped_to = 0
             self._rolls_done += 1
             self._notify()
+
+    def _drop_synced(self, fd: int, dropped_to: int, synced_offset: int) -> None:
+        """Drop the active file's synced bytes before its last ``page_cache_bytes`` from the
+        page cache, in steps of at least a quarter of that window (one call per step)."""
+        keep = self.page_cache_bytes
+        if keep <= 0:
+            return
+        upto = synced_offset - keep
+        if upto - dropped_to < max(keep // 4, _DROP_STEP_MIN):
+            return
+        self._drop_cache(fd, dropped_to, upto - dropped_to)
+        with self._lock:
+            if fd == self._fd and upto > self._dropped_to:
+                self._dropped_to = upto
+
+    def _drop_cache(self, fd: int, offset: int, length: int) -> None:
+        """``length`` 0: to the end of the file. Only clean (synced) pages are dropped; a
+        filesystem without the call loses nothing but the hint."""
+        if self.page_cache_bytes > 0:
+            with contextlib.suppress(OSError, AttributeError):
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
     def _sync_loop(self) -> None:
         try:
@@ -960,11 +1004,13 @@ class LogWriter:
                             return
                     elif self.written_position <= self.synced_position:
                         continue
-                    for retired in self._retired:
-                        os.close(retired)
-                    self._retired = []
+                    retired, self._retired = self._retired, []
                     target = self.written_position
                     fd = self._fd
+                    offset = self._written_offset
+                for old in retired:
+                    self._drop_cache(old, 0, 0)
+                    os.close(old)
                 t0 = time.perf_counter()
                 fdatasync(fd)
                 done = time.perf_counter()
@@ -975,5 +1021,8 @@ class LogWriter:
                     if target > self.synced_position:
                         self.synced_position = target
                     self._notify()
+                    drop_from = self._dropped_to if fd == self._fd else None
+                if drop_from is not None:
+                    self._drop_synced(fd, drop_from, offset)
         except BaseException as exc:
             self._fail(exc)

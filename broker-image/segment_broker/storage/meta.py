@@ -23,6 +23,8 @@ class StorageSettings:
     index_interval: int = 64 * 1024
     cache_bytes: int = 16 * 1024 * 1024
     cursor_flush_ms: int = 100
+    page_cache_bytes: int = 64 * 1024 * 1024
+    """Synced bytes of a log's active file left in the OS page cache (``LogWriter``); 0: all."""
 
 
 @dataclass(frozen=True)

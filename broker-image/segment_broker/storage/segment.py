@@ -239,6 +239,7 @@ class Segment:
             sync_each=self.settings.fsync == "always",
             interval_s=self.settings.fsync_interval_ms / 1000.0,
             notify=lambda: loop.call_soon_threadsafe(self._on_progress),
+            page_cache_bytes=self.settings.page_cache_bytes,
         )
         return report
 
