@@ -1008,21 +1008,25 @@ class LogWriter:
                     target = self.written_position
                     fd = self._fd
                     offset = self._written_offset
-                for old in retired:
-                    self._drop_cache(old, 0, 0)
-                    os.close(old)
-                t0 = time.perf_counter()
-                fdatasync(fd)
-                done = time.perf_counter()
-                elapsed = done - t0
-                with self._lock:
-                    self._sync_durations.append(elapsed)
-                    self._synced_at.append((target, done))
-                    if target > self.synced_position:
-                        self.synced_position = target
-                    self._notify()
-                    drop_from = self._dropped_to if fd == self._fd else None
-                if drop_from is not None:
-                    self._drop_synced(fd, drop_from, offset)
+                try:
+                    t0 = time.perf_counter()
+                    fdatasync(fd)
+                    done = time.perf_counter()
+                    elapsed = done - t0
+                    with self._lock:
+                        self._sync_durations.append(elapsed)
+                        self._synced_at.append((target, done))
+                        if target > self.synced_position:
+                            self.synced_position = target
+                        self._notify()
+                        drop_from = self._dropped_to if fd == self._fd else None
+                    if drop_from is not None:
+                        self._drop_synced(fd, drop_from, offset)
+                finally:
+                    # After the sync and its notification: dropping a file's pages takes time
+                    # that no acknowledgement should wait for.
+                    for old in retired:
+                        self._drop_cache(old, 0, 0)
+                        os.close(old)
         except BaseException as exc:
             self._fail(exc)
