@@ -9,11 +9,8 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import pytest
 
 from segment_broker.storage.segment import Segment
 
@@ -58,12 +55,6 @@ def resident(path: Path, start: int = 0, end: int | None = None) -> int:
             _libc.munmap(addr, size)
     finally:
         os.close(fd)
-
-
-@pytest.fixture
-def executor() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(4) as pool:
-        yield pool
 
 
 async def _write(seg: Segment, megabytes: int) -> int:
@@ -115,7 +106,7 @@ async def test_a_rolled_file_leaves_the_page_cache_whole(
     rolled = seg.log.files[0].path
     assert len(seg.log.files) >= 2 and rolled.stat().st_size >= 2 * MIB
     # The file was under the window, so only the roll can have dropped it; the syncer drops a
-    # retired file before its next sync, which the next write brings.
+    # retired file with its next sync, which the next write brings.
     await _write(seg, 1)
     await _until(lambda: resident(rolled) == 0, "the rolled file's drop")
     await seg.close()

@@ -917,8 +917,10 @@ class LogWriter:
     def _writev(self, bufs: list[bytearray | bytes], last_position: int) -> None:
         fd = self._fd
         views = [memoryview(b) for b in bufs]
+        written = 0
         while views:
             n = os.writev(fd, views)
+            written += n
             while views and n >= len(views[0]):
                 n -= len(views[0])
                 views.pop(0)
@@ -927,7 +929,7 @@ class LogWriter:
         done = time.perf_counter()
         with self._lock:
             self.written_position = last_position
-            self._written_offset += sum(len(b) for b in bufs)
+            self._written_offset += written
             self._written_at.append((last_position, done))
             self._syncer_cv.notify()
             if not self.sync_each:
