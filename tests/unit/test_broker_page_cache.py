@@ -9,9 +9,14 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
+from segment_broker.storage.pagecache import DROP_NICENESS
 from segment_broker.storage.segment import Segment
 
 from .test_broker_storage_pipeline import _append, _open, _until
@@ -123,4 +128,72 @@ async def test_entries_read_back_after_their_pages_were_dropped(
     assert [p for p, _ in records] == [0, 1, 2, 3]
     assert all(len(entry) > 64 * 1024 for _, entry in records)
     assert seg.log.read(last, 1, 1 << 20)[0][0] == last
+    await seg.close()
+
+
+class HeldDrops:
+    """``os.posix_fadvise`` replaced by one that records the calling thread and its nice value
+    and, while ``hold`` is clear, waits before it drops."""
+
+    def __init__(self) -> None:
+        self.hold = threading.Event()
+        self.hold.set()
+        self.calls: list[tuple[int, int]] = []
+        self.entered = threading.Event()
+
+    def __call__(self, fd: int, offset: int, length: int, advice: int) -> None:
+        tid = threading.get_native_id()
+        self.calls.append((tid, os.getpriority(os.PRIO_PROCESS, tid)))
+        self.entered.set()
+        self.hold.wait(20)
+        _real_fadvise(fd, offset, length, advice)
+
+
+_real_fadvise = os.posix_fadvise
+
+
+@pytest.fixture
+def held_drops(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldDrops]:
+    held = HeldDrops()
+    monkeypatch.setattr(os, "posix_fadvise", held)
+    try:
+        yield held
+    finally:
+        held.hold.set()
+
+
+async def test_acknowledgements_do_not_wait_for_a_drop(
+    tmp_path: Path, executor: ThreadPoolExecutor, held_drops: HeldDrops
+) -> None:
+    """A drop takes milliseconds of kernel time (a rolled file's: 6-9 ms); the syncer hands it
+    to the drop thread, so a held drop holds no sync and no acknowledgement."""
+    seg = await _open(tmp_path / "seg", executor, page_cache_bytes=1 * MIB, roll_bytes=4 * MIB)
+    held_drops.hold.clear()
+    await _write(seg, 4)
+    await _until(held_drops.entered.is_set, "the first drop")
+    # Drops, a roll and a rolled file's drop queue behind the held one; every entry still
+    # becomes visible, which here means synced.
+    first = seg.log.next_position
+    last = await _write(seg, 8)
+    assert seg.visible_position >= last >= first
+    assert len(seg.log.files) >= 3
+    path = seg.log.files[0].path
+    assert resident(path) > 0, "nothing was dropped while the drop was held"
+    held_drops.hold.set()
+    await _until(lambda: resident(path) == 0, "the held drops")
+    await seg.close()
+
+
+async def test_drops_run_on_one_thread_at_the_lowest_priority(
+    tmp_path: Path, executor: ThreadPoolExecutor, held_drops: HeldDrops
+) -> None:
+    seg = await _open(tmp_path / "seg", executor, page_cache_bytes=1 * MIB, roll_bytes=2 * MIB)
+    for _ in range(4):  # each write one chunk: a file, a roll, and the next write's sync
+        await _write(seg, 2)
+    path = seg.log.files[0].path
+    await _until(lambda: resident(path) == 0, "the rolled file's drop")
+    assert len(held_drops.calls) >= 3
+    threads = {tid for tid, _ in held_drops.calls}
+    assert len(threads) == 1 and threading.get_native_id() not in threads
+    assert {nice for _, nice in held_drops.calls} == {DROP_NICENESS}
     await seg.close()

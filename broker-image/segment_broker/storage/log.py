@@ -54,6 +54,7 @@ from typing import Any
 import crc32c
 
 from .fsutil import atomic_write_json, fsync_dir, read_json
+from .pagecache import drop_later
 
 log = logging.getLogger(__name__)
 
@@ -744,12 +745,13 @@ class LogWriter:
     ``notify`` is called from the threads (coalesced: at most one call until :meth:`take`) when
     ``written_position`` (interval mode), ``synced_position``, a roll or an error is new.
 
-    ``page_cache_bytes`` (> 0): after each sync the syncer drops what it synced from the page
-    cache (``posix_fadvise(DONTNEED)``) except the file's last ``page_cache_bytes``, and a rolled
-    file entirely. A busy log then writes into the memory it freed a moment earlier instead of
-    growing the page cache over the whole machine's memory, where every new page costs the
-    kernel a reclaim (or, on a VM that returns free memory to its host, a fault in the host).
-    Readers behind that window read from the disk.
+    ``page_cache_bytes`` (> 0): after each sync the syncer has what it synced dropped from the
+    page cache (``posix_fadvise(DONTNEED)`` on the process's drop thread, :mod:`.pagecache`)
+    except the file's last ``page_cache_bytes``, and a rolled file entirely. A busy log then
+    writes into the memory it freed a moment earlier instead of growing the page cache over the
+    whole machine's memory, where every new page costs the kernel a reclaim (or, on a VM that
+    returns free memory to its host, a fault in the host). Readers behind that window read from
+    the disk.
     """
 
     def __init__(
@@ -963,25 +965,18 @@ class LogWriter:
             self._notify()
 
     def _drop_synced(self, fd: int, dropped_to: int, synced_offset: int) -> None:
-        """Drop the active file's synced bytes before its last ``page_cache_bytes`` from the
-        page cache, in steps of at least a quarter of that window (one call per step)."""
+        """Have the active file's synced bytes before its last ``page_cache_bytes`` dropped from
+        the page cache, in steps of at least a quarter of that window (one call per step)."""
         keep = self.page_cache_bytes
         if keep <= 0:
             return
         upto = synced_offset - keep
         if upto - dropped_to < max(keep // 4, _DROP_STEP_MIN):
             return
-        self._drop_cache(fd, dropped_to, upto - dropped_to)
+        drop_later(os.dup(fd), dropped_to, upto - dropped_to)
         with self._lock:
             if fd == self._fd and upto > self._dropped_to:
                 self._dropped_to = upto
-
-    def _drop_cache(self, fd: int, offset: int, length: int) -> None:
-        """``length`` 0: to the end of the file. Only clean (synced) pages are dropped; a
-        filesystem without the call loses nothing but the hint."""
-        if self.page_cache_bytes > 0:
-            with contextlib.suppress(OSError, AttributeError):
-                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
     def _sync_loop(self) -> None:
         try:
@@ -1025,10 +1020,10 @@ class LogWriter:
                     if drop_from is not None:
                         self._drop_synced(fd, drop_from, offset)
                 finally:
-                    # After the sync and its notification: dropping a file's pages takes time
-                    # that no acknowledgement should wait for.
                     for old in retired:
-                        self._drop_cache(old, 0, 0)
-                        os.close(old)
+                        if self.page_cache_bytes > 0:
+                            drop_later(old)
+                        else:
+                            os.close(old)
         except BaseException as exc:
             self._fail(exc)
