@@ -8,7 +8,7 @@ the admin API with a token of `bench/operator`, the broker's only `--admin-ident
 The broker reviews with the admin kubeconfig (its own identity does not matter to the cost).
 
 Decisions are per connection, so the steady state measured by the broker bench pays nothing
-per message: the interleaved `ours` and `ours-auth` rows show it.
+per message: the interleaved `ours-go` and `ours-go-auth` rows show it.
 """
 
 from __future__ import annotations

@@ -32,15 +32,27 @@ def start_ours_go(workdir: Path) -> tuple[Server, dict[str, Any], str]:
     return server, {**endpoint, "segment_bench": binary}, version
 
 
+def start_ours_go_auth(workdir: Path) -> tuple[Server, dict[str, Any], str]:
+    """The broker with ``--auth kubernetes`` (bench/_auth.py); segment-bench presents the
+    client ServiceAccount's token."""
+    from bench._auth import start_ours_auth
+
+    binary = build_go_tool(TOOL_DIR, "segment-bench")
+    server, endpoint, version = start_ours_auth(workdir)
+    return server, {**endpoint, "segment_bench": binary}, version
+
+
 def reset(endpoint: dict[str, Any]) -> None:
     asyncio.run(OursAdapter(endpoint).reset())
 
 
 def _args(endpoint: dict[str, Any], mode: str) -> list[str]:
+    token = endpoint.get("tokenFile")
     return [
         str(endpoint["segment_bench"]),
         *("-url", str(endpoint["url"]), "-namespace", NAMESPACE, "-topic", TOPIC),
         *("-segment", str(int(endpoint.get("run", 0))), "-mode", mode),
+        *(("-token-file", str(token)) if token else ()),
     ]
 
 

@@ -24,6 +24,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"net/http"
 	"os"
 	"sort"
 	"strings"
@@ -62,6 +63,7 @@ const (
 
 type options struct {
 	url, namespace, topic, subscription, mode string
+	tokenFile                                 string
 	segment                                   int64
 	payload, batch, window, keys, permits     int
 	rate, duration, warmup, drain             float64
@@ -75,6 +77,7 @@ func main() {
 	flag.Int64Var(&o.segment, "segment", 0, "segment id")
 	flag.StringVar(&o.subscription, "subscription", "bench", "subscription (consume)")
 	flag.StringVar(&o.mode, "mode", "produce", "produce | consume")
+	flag.StringVar(&o.tokenFile, "token-file", "", "file with a bearer token for a broker running --auth kubernetes")
 	flag.IntVar(&o.payload, "payload", 1024, "message value size in bytes")
 	flag.IntVar(&o.batch, "batch", 256, "messages per entry")
 	flag.IntVar(&o.window, "window", 4096, "messages in flight")
@@ -115,8 +118,16 @@ func dial(o options, path string, hello map[string]any) (*websocket.Conn, map[st
 	case strings.HasPrefix(base, "https://"):
 		base = "wss://" + base[len("https://"):]
 	}
+	var header http.Header
+	if o.tokenFile != "" {
+		token, err := os.ReadFile(o.tokenFile)
+		if err != nil {
+			return nil, nil, err
+		}
+		header = http.Header{"Authorization": {"Bearer " + strings.TrimSpace(string(token))}}
+	}
 	dialer := websocket.Dialer{HandshakeTimeout: 10 * time.Second, ReadBufferSize: 1 << 20, WriteBufferSize: 1 << 20}
-	conn, resp, err := dialer.Dial(base+path, nil)
+	conn, resp, err := dialer.Dial(base+path, header)
 	if err != nil {
 		if resp != nil {
 			return nil, nil, fmt.Errorf("connect %s: %w (HTTP %d)", path, err, resp.StatusCode)
