@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from segment_broker.storage.pagecache import DROP_NICENESS
 from segment_broker.storage.segment import Segment
 
 from .test_broker_storage_pipeline import _append, _open, _until
@@ -184,9 +183,11 @@ async def test_acknowledgements_do_not_wait_for_a_drop(
     await seg.close()
 
 
-async def test_drops_run_on_one_thread_at_the_lowest_priority(
+async def test_drops_run_on_one_thread_at_the_process_priority(
     tmp_path: Path, executor: ThreadPoolExecutor, held_drops: HeldDrops
 ) -> None:
+    """One thread of its own, not the caller's, and not at a lower priority: it takes the GIL
+    around each call, so a preempted low-priority drop thread would stall every thread."""
     seg = await _open(tmp_path / "seg", executor, page_cache_bytes=1 * MIB, roll_bytes=2 * MIB)
     for _ in range(4):  # each write one chunk: a file, a roll, and the next write's sync
         await _write(seg, 2)
@@ -195,5 +196,5 @@ async def test_drops_run_on_one_thread_at_the_lowest_priority(
     assert len(held_drops.calls) >= 3
     threads = {tid for tid, _ in held_drops.calls}
     assert len(threads) == 1 and threading.get_native_id() not in threads
-    assert {nice for _, nice in held_drops.calls} == {DROP_NICENESS}
+    assert {nice for _, nice in held_drops.calls} == {os.getpriority(os.PRIO_PROCESS, 0)}
     await seg.close()

@@ -5,8 +5,11 @@ and 6-9 ms for a rolled 256 MiB file with its last 64 MiB still resident (strace
 300k msg/s of 1 KB). Called on a log's syncer thread, every entry written meanwhile waited that
 much longer for its ``fdatasync``: each roll (one every 0.85 s at that rate) held the syncer for
 12-16 ms. One thread for the whole process does the drops instead, in the order they were asked
-for, at the lowest CPU priority (``nice`` 19): a broker pinned to one core otherwise gave the
-drop's kernel time to it before its event loop (bench/README.md, issue 17, fourteenth round).
+for (bench/README.md, issue 17, fourteenth round).
+
+The thread keeps the process's CPU priority. A lower one (nice 19 was tried) makes it a priority
+inversion: the thread takes the GIL around every call, and whenever the scheduler preempts it
+there in favour of any other work on the core, every thread of the broker waits for it.
 """
 
 from __future__ import annotations
@@ -14,24 +17,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 log = logging.getLogger(__name__)
 
-DROP_NICENESS = 19
-
-
-def _lower_priority() -> None:
-    """Linux: a thread's nice value is its own (``setpriority`` with the thread id). Raising it
-    needs no privilege."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DROP_NICENESS)
-
-
-_dropper = ThreadPoolExecutor(
-    max_workers=1, thread_name_prefix="page-cache-drop", initializer=_lower_priority
-)
+_dropper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="page-cache-drop")
 """Its thread starts with the first drop: a broker whose logs keep their pages has none."""
 
 
