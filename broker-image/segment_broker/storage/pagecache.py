@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +25,17 @@ _dropper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="page-cache-drop
 """Its thread starts with the first drop: a broker whose logs keep their pages has none."""
 
 
-def drop_later(fd: int, offset: int = 0, length: int = 0) -> Future[None]:
+def drop_later(fd: int, offset: int = 0, length: int = 0) -> None:
     """Drop ``[offset, offset + length)`` of ``fd``'s file (``length`` 0: to its end) from the
     page cache on the process's drop thread, which then closes ``fd``: the caller hands its
     descriptor over (``os.dup`` one that stays in use). Only clean pages leave; a platform or
     filesystem without the call loses nothing but the hint."""
-    return _dropper.submit(_drop, fd, offset, length)
+    try:
+        _dropper.submit(_drop, fd, offset, length)
+    except RuntimeError:
+        # The interpreter is exiting: no more drops, but the descriptor is still closed, and a
+        # log's syncer does not fail over a hint.
+        _close(fd)
 
 
 def _drop(fd: int, offset: int, length: int) -> None:
@@ -38,7 +43,11 @@ def _drop(fd: int, offset: int, length: int) -> None:
         with contextlib.suppress(OSError, AttributeError):
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
     finally:
-        try:
-            os.close(fd)
-        except OSError as exc:
-            log.warning("page cache drop: closing descriptor %d failed: %s", fd, exc)
+        _close(fd)
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError as exc:
+        log.warning("page cache drop: closing descriptor %d failed: %s", fd, exc)
