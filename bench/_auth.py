@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import yaml
 
 from bench import _ours
-from bench._procs import Server, free_port, start_server
+from bench._procs import CLIENT_CORE, Server, free_port, pin_process, start_server
 from scalable_topics.core.auth import AUDIENCE
 from scalable_topics.localcluster.controlplane import ControlPlane, kube_binary
 from scalable_topics.localcluster.restclient import RestClient, client_from_kubeconfig
@@ -127,6 +127,10 @@ def start_ours_auth(workdir: Path) -> tuple[Server, dict[str, Any], str]:
 
         async def setup() -> tuple[Path, Path]:
             await plane.plane.start()
+            # On the load generator's core, which has room, not the broker's: the API server
+            # and etcd stand in for a control plane that runs on other machines.
+            for pid in plane.plane.pids.values():
+                pin_process(pid, CLIENT_CORE)
             api = client_from_kubeconfig(plane.plane.kubeconfig)
             try:
                 return await _identities(api, workdir)

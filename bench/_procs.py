@@ -34,6 +34,16 @@ def pin_self(core: int) -> None:
         os.sched_setaffinity(0, {core})
 
 
+def pin_process(pid: int, core: int) -> None:
+    """Every thread of a running process onto ``core`` (threads it starts later inherit it from
+    theirs); a no-op where the machine cannot pin."""
+    if not can_pin():
+        return
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task.name), {core})
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
