@@ -27,10 +27,10 @@ messages, at most `WINDOW` messages in flight. Server and client CPU use are rec
 ≥ 85 % of a core is flagged (client-bound / server-bound).
 
 `ours-go-auth` is our broker with authentication on (`bench/_auth.py`: TokenReview and
-SubjectAccessReview against a real kube-apiserver), driven by the Go client right after `ours-go`
-for the cost of it: a server-bound pair, where a cost in the broker shows. `ours-auth` is the
-same broker through the Python load generator (client-bound, so its pair with `ours` measures
-the client; not run unless named).
+SubjectAccessReview against a real kube-apiserver), driven by the Go client; its cost is measured
+against `ours-go` in blocks of A B B A probes (phase 1b): a server-bound pair, where a cost in
+the broker shows. `ours-auth` is the same broker through the Python load generator (client-bound,
+so its pair with `ours` measures the client; not run unless named).
 
 NATS and Redis are also driven by their projects' own benchmark clients (`nats-go`,
 `redis-native`: `bench/_native.py`), and RabbitMQ streams by its Java stream client
@@ -735,11 +735,15 @@ class _Bench:
         live = list(self.live)
         shift = rotate % len(live) if live else 0
         for runner in live[shift:] + live[:shift]:
-            try:
-                fn(runner)
-            except (Exception, asyncio.CancelledError) as e:
-                self.live.remove(runner)
-                self._failed(runner.out, e)
+            self._guarded(fn, runner)
+
+    def _guarded(self, fn: Callable[[_Runner], object], runner: _Runner) -> None:
+        """``fn(runner)``; a system that fails leaves the run."""
+        try:
+            fn(runner)
+        except (Exception, asyncio.CancelledError) as e:
+            self.live.remove(runner)
+            self._failed(runner.out, e)
 
     def run(self) -> None:
         mode = self.mode
@@ -796,14 +800,13 @@ class _Bench:
         print("[bench] phase 1b: authentication off/on, A B B A blocks", flush=True)
         off, on = pair
         for payload in PAYLOADS:
+            probe = functools.partial(
+                _Runner.produce, payload=payload, rate=None, kind="pair", mode=self.mode
+            )
             for _ in range(max(1, self.mode.repeats)):
                 for r in (off, on, on, off):
                     if r in self.live:
-                        try:
-                            r.produce(payload, None, "pair", self.mode)
-                        except (Exception, asyncio.CancelledError) as e:
-                            self.live.remove(r)
-                            self._failed(r.out, e)
+                        self._guarded(probe, r)
 
 
 def _consume(r: _Runner, payload: int, mode: Mode) -> None:
