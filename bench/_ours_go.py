@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +27,25 @@ TOOL_DIR = Path(__file__).resolve().parent / "ours-go"
 TOOL = "bench/ours-go (segment-bench, Go)"
 
 
-def start_ours_go(workdir: Path) -> tuple[Server, dict[str, Any], str]:
+Started = tuple[Server, dict[str, Any], str]
+
+
+def _with_segment_bench(start: Callable[[Path], Started], workdir: Path) -> Started:
     binary = build_go_tool(TOOL_DIR, "segment-bench")
-    server, endpoint, version = start_ours(workdir)
+    server, endpoint, version = start(workdir)
     return server, {**endpoint, "segment_bench": binary}, version
 
 
-def start_ours_go_auth(workdir: Path) -> tuple[Server, dict[str, Any], str]:
+def start_ours_go(workdir: Path) -> Started:
+    return _with_segment_bench(start_ours, workdir)
+
+
+def start_ours_go_auth(workdir: Path) -> Started:
     """The broker with ``--auth kubernetes`` (bench/_auth.py); segment-bench presents the
     client ServiceAccount's token."""
     from bench._auth import start_ours_auth
 
-    binary = build_go_tool(TOOL_DIR, "segment-bench")
-    server, endpoint, version = start_ours_auth(workdir)
-    return server, {**endpoint, "segment_bench": binary}, version
+    return _with_segment_bench(start_ours_auth, workdir)
 
 
 def reset(endpoint: dict[str, Any]) -> None:

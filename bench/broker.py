@@ -61,7 +61,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -794,11 +794,11 @@ class _Bench:
         going first (the second of two back-to-back probes measured 5-7 % lower, whichever
         system it was), which the capacity rounds' pairs do not."""
         by = {r.system.key: r for r in self.live}
-        pair = next(((by[a], by[b]) for a, b in AUTH_PAIRS if a in by and b in by), None)
-        if pair is None:
+        keys = _auth_pair(by)
+        if keys is None:
             return
         print("[bench] phase 1b: authentication off/on, A B B A blocks", flush=True)
-        off, on = pair
+        off, on = by[keys[0]], by[keys[1]]
         for payload in PAYLOADS:
             probe = functools.partial(
                 _Runner.produce, payload=payload, rate=None, kind="pair", mode=self.mode
@@ -1219,6 +1219,13 @@ CLIENT_NAMES = {
 AUTH_PAIRS = (("ours-go", "ours-go-auth"), ("ours", "ours-auth"))
 """Authentication off and on, same client, in order of preference: the Go client's pair is
 server-bound, so what authentication costs the broker shows in it."""
+
+
+def _auth_pair(present: Collection[str]) -> tuple[str, str] | None:
+    """The first of `AUTH_PAIRS` whose two systems are both in `present`."""
+    return next(((a, b) for a, b in AUTH_PAIRS if a in present and b in present), None)
+
+
 OURS_AT_BEST = ("ours-go", "ours")
 """Our row in the comparisons and targets: the Go client when it ran (the peers are measured
 through their own native clients too), else the Python load generator."""
@@ -1348,23 +1355,16 @@ AUTH_COST_TARGET = 0.05
 
 def _auth_pair_cost(off: PayloadRun, on: PayloadRun) -> tuple[float, str] | None:
     """``(cost, how it was measured)``: 1 - the ratio of the geometric means of the A B B A
-    blocks' probes (`_Bench._auth_blocks`); without blocks, 1 - the median of the capacity
-    probes' pairwise ratios (the i-th probe of each)."""
+    blocks' probes (`_Bench._auth_blocks`). Without blocks (a system left the run) it is not
+    measured: the capacity rounds' pairs favour whichever system went first."""
     a = [s.result.achieved for s in off.pairs]
     b = [s.result.achieved for s in on.pairs]
-    if a and b and min(a + b) > 0:
-        ga, gb = statistics.geometric_mean(a), statistics.geometric_mean(b)
-        return 1.0 - gb / ga, (
-            f"{ga:,.0f} -> {gb:,.0f} msg/s over A B B A blocks of {len(a)} + {len(b)} probes"
-        )
-    ratios = [
-        y.result.achieved / x.result.achieved
-        for x, y in zip(off.probes, on.probes, strict=False)
-        if x.result.achieved > 0
-    ]
-    if not ratios:
+    if not (a and b and min(a + b) > 0):
         return None
-    return 1.0 - statistics.median(ratios), f"median of {len(ratios)} probe pair(s)"
+    ga, gb = statistics.geometric_mean(a), statistics.geometric_mean(b)
+    return 1.0 - gb / ga, (
+        f"{ga:,.0f} -> {gb:,.0f} msg/s over A B B A blocks of {len(a)} + {len(b)} probes"
+    )
 
 
 def _auth_cost(section: Section, off: SystemRun | None, on: SystemRun | None) -> None:
@@ -1451,15 +1451,8 @@ def _ratios_and_targets(section: Section, runs: list[SystemRun]) -> None:
     )
     _best_peer(section, by, ours)
 
-    auth_pair = next(
-        (
-            (by[off], by[on])
-            for off, on in AUTH_PAIRS
-            if off in by and on in by and by[off].runs and by[on].runs
-        ),
-        None,
-    )
-    _auth_cost(section, *(auth_pair or (None, None)))
+    keys = _auth_pair([k for k, sr in by.items() if sr.runs])
+    _auth_cost(section, *((by[keys[0]], by[keys[1]]) if keys else (None, None)))
 
     kb = ours.runs.get(1024) if ours else None
     for peer, name in (("nats", "JetStream"), ("redis", "Redis Streams")):

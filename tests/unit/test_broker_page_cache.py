@@ -109,8 +109,8 @@ async def test_a_rolled_file_leaves_the_page_cache_whole(
     await _write(seg, 3)
     rolled = seg.log.files[0].path
     assert len(seg.log.files) >= 2 and rolled.stat().st_size >= 2 * MIB
-    # The file was under the window, so only the roll can have dropped it; the syncer drops a
-    # retired file with its next sync, which the next write brings.
+    # The file was under the window, so only the roll can have dropped it; the syncer hands a
+    # retired file to the drop thread with its next sync, which the next write brings.
     await _write(seg, 1)
     await _until(lambda: resident(rolled) == 0, "the rolled file's drop")
     await seg.close()
