@@ -233,21 +233,7 @@ class TopicEnv:
         the race where a producer hears of the split from the DAG watch before its parent's
         ``SEALED`` frame arrives. As the operator does, the children are created fenced and
         opened only once every parent is sealed."""
-        children = sorted(set(new.segments) - set(self.layout.segments))
-        load = Counter(self.placement[s.segment_id] for s in self.layout.active())
-        self.buckets = layout_buckets(new, self.buckets)
-        self.layout = new
-        for child in children:
-            slot = self.broker_urls.index(self.placement[parents[0]]) + 1 + children.index(child)
-            url = None
-            if self.operator_placement:
-                pods = [BrokerPod(u, u, ready=True) for u in self.broker_urls]
-                beside = self.placement[parents[0]] if len(parents) == 1 else None
-                chosen = choose_broker(pods, load, beside=beside)
-                assert chosen is not None
-                url = chosen.url
-                load[url] += 1
-            await self._create_segment(child, slot, writable=False, url=url)
+        children = await self._create_children(new, parents)
         successors = [
             Successor(
                 c,
@@ -288,6 +274,33 @@ class TopicEnv:
         self.publish()
         for replica in self.operators:
             replica.hub.layout_changed(self.namespace, self.topic, new)
+        return children
+
+    async def _create_children(self, new: SegmentLayout, parents: list[int]) -> list[int]:
+        """Make ``new`` the layout and create its new segments on their brokers, fenced."""
+        children = sorted(set(new.segments) - set(self.layout.segments))
+        load = Counter(self.placement[s.segment_id] for s in self.layout.active())
+        self.buckets = layout_buckets(new, self.buckets)
+        self.layout = new
+        for child in children:
+            slot = self.broker_urls.index(self.placement[parents[0]]) + 1 + children.index(child)
+            url = None
+            if self.operator_placement:
+                pods = [BrokerPod(u, u, ready=True) for u in self.broker_urls]
+                beside = self.placement[parents[0]] if len(parents) == 1 else None
+                chosen = choose_broker(pods, load, beside=beside)
+                assert chosen is not None
+                url = chosen.url
+                load[url] += 1
+            await self._create_segment(child, slot, writable=False, url=url)
+        return children
+
+    async def announce_split(self, segment_id: int) -> list[int]:
+        """Create a split's children (fenced) and publish the new DAG, without sealing the
+        parent on its broker or telling the session server: the window in which a client has
+        heard of a seal its broker has not made yet."""
+        children = await self._create_children(self.layout.split(segment_id), [segment_id])
+        self.publish()
         return children
 
     async def split(

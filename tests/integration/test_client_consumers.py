@@ -5,6 +5,7 @@ reassignment when a second consumer joins, checkpoint export/restore, controller
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -20,6 +21,8 @@ from scalable_topics.client import (
     SyncConsumer,
     SyncProducer,
 )
+from scalable_topics.client.consumers import base as consumers_base
+from scalable_topics.client.segment import SegmentConsumer
 from segment_broker.testing import BrokerProcess
 
 from .client_harness import (
@@ -164,6 +167,61 @@ async def test_checkpoint_export_and_restore(
         assert set(final.positions) <= {1, *children}
         assert Checkpoint.loads(final.dumps()) == final
         await restored.close()
+    finally:
+        await env.close()
+
+
+async def test_checkpoint_consumer_asks_again_for_a_seal_its_broker_had_not_made(
+    operator: OperatorReplica, brokers: list[BrokerProcess]
+) -> None:
+    """The DAG can say a segment is sealed before its broker has sealed it. A checkpoint
+    consumer reading the whole segment learns where it ends from the broker; one that heard
+    "not sealed" asks again, instead of waiting for an event (an entry, a new assignment or
+    DAG) that need never come once every entry was delivered."""
+    env = await _env(operator, brokers, "seal-race", segments=1)
+    load = KeyedLoad(KEYS)
+    try:
+        await _produce(env, load, 5)
+        total = len(KEYS) * 5
+        await env.announce_split(0)
+        consumer = CheckpointConsumer(env.service_url, NS, env.topic, "stream", "etl")
+        await consumer.start()
+        got: list[tuple[str, int]] = []
+        await _read(consumer, total, got)
+        check_order(got, load.acked)
+        assert 0 not in consumer.drained_segments, "the broker has not sealed segment 0"
+
+        await env.admins[env.placement[0]].terminate(NS, env.topic, 0)
+        await eventually(lambda: 0 in consumer.drained_segments, within=15)
+        await consumer.close()
+    finally:
+        await env.close()
+
+
+async def test_a_previous_owner_that_does_not_let_go_is_logged(
+    operator: OperatorReplica,
+    brokers: list[BrokerProcess],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Refusals while a previous owner lets go are a hand-over's usual wait and stay quiet;
+    once they last, the consumer's log says which segment waits on whom."""
+    monkeypatch.setattr(consumers_base, "REFUSALS_REPORTED_AFTER", 0.5)
+    caplog.set_level(logging.INFO, logger="scalable_topics.client")
+    env = await _env(operator, brokers, "squatted", segments=1)
+    try:
+        squatter = await SegmentConsumer.connect(
+            env.placement[0], NS, env.topic, 0, "stream", "squatter"
+        )
+        consumer = StreamConsumer(env.service_url, NS, env.topic, "stream", "c1")
+        await consumer.start()
+        await eventually(lambda: "attach refused for" in caplog.text, within=15)
+        refusal = next(m for r in caplog.records if "refused for" in (m := r.getMessage()))
+        assert "segment 0 buckets all" in refusal and "squatter" in refusal, refusal
+
+        await squatter.close()
+        await eventually(lambda: "attached after" in caplog.text, within=15)
+        await consumer.close()
     finally:
         await env.close()
 

@@ -659,6 +659,7 @@ class SegmentConsumer:
         acknowledged by the subscription (``BUCKETS_DONE``)."""
         self.last_position: int | None = None
         self.failure: SegmentError | None = None
+        self._closing: asyncio.Future[None] | None = None
         self._reader = self._loop.create_task(self._read_loop())
 
     @classmethod
@@ -883,6 +884,17 @@ class SegmentConsumer:
             self._send(wire.encode_ack(acks[i : i + wire.MAX_FRAME_ITEMS]))
 
     async def close(self) -> None:
+        """Send the last acknowledgements and close the connection. A caller cancelled
+        meanwhile still gets the connection closed: left open, the broker would keep this
+        consumer attached (its buckets held, the next owner refused) for as long as the
+        connection answers its heartbeats."""
+        closing = self._closing
+        if closing is None:
+            closing = self._closing = asyncio.ensure_future(self._close())
+            closing.add_done_callback(_ignore_result)
+        await asyncio.shield(closing)
+
+    async def _close(self) -> None:
         self._flush_acks()
         await asyncio.sleep(0)
         with contextlib.suppress(Exception):

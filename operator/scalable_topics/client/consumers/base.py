@@ -37,6 +37,7 @@ from .common import (
     _FATAL_CLOSES,
     _FATAL_CODES,
     _WAITING_CODES,
+    REFUSALS_REPORTED_AFTER,
     ConsumerClosedError,
     ConsumerError,
     ConsumerOptions,
@@ -512,14 +513,16 @@ class _ConsumerBase:
         self._delivery.put(reader, messages)
 
     def _stop_reader(self, reader: _Reader) -> None:
-        if reader.consumer is not None and not reader.stopped:
+        if self._readers.get(reader.key) is reader:
+            del self._readers[reader.key]
+        if reader.stopped:
+            return  # cancelled once: a second cancel would cut short the reader's cleanup
+        if reader.consumer is not None:
             # what the application acknowledged of entries it did not finish: the next owner
             # of those entries skips these messages instead of delivering them again
             partial = reader.partial_acks()
             if partial:
                 reader.consumer.ack_partial(partial)
-        if self._readers.get(reader.key) is reader:
-            del self._readers[reader.key]
         reader.stopped = True
         reader.halted.set()
         if reader.task is not None and reader.task is not asyncio.current_task():
@@ -556,15 +559,42 @@ class _ConsumerBase:
         except SegmentError as exc:
             if exc.code == wire.ERR_SUBSCRIPTION_NOT_FOUND and self._sealed(reader.segment_id):
                 raise _NothingToRead(str(exc)) from None
-            level = logging.DEBUG if exc.code in _WAITING_CODES else logging.INFO
-            log.log(level, "segment %d: attach failed: %s", reader.segment_id, exc)
+            if exc.code in _WAITING_CODES:
+                self._refused(reader, exc)
+            else:
+                log.info("segment %d: attach failed: %s", reader.segment_id, exc)
             await asyncio.sleep(backoff.delay())
             return None
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             log.debug("segment %d: attach to %s failed: %s", reader.segment_id, url, exc)
             await asyncio.sleep(backoff.delay())
             return None
+        if reader.refused_since is not None:
+            waited = time.monotonic() - reader.refused_since
+            reader.refused_since = None
+            if waited >= REFUSALS_REPORTED_AFTER:
+                log.info("segment %d: attached after %.1f s of refusals", reader.segment_id, waited)
         return consumer
+
+    @staticmethod
+    def _refused(reader: _Reader, exc: SegmentError) -> None:
+        """The previous owner has not let go yet: usual during a hand-over, reported once it
+        lasts (with the holder the broker names)."""
+        now = time.monotonic()
+        if reader.refused_since is None:
+            reader.refused_since = reader.refusal_logged = now
+        waited = now - reader.refused_since
+        if now - reader.refusal_logged >= REFUSALS_REPORTED_AFTER:
+            reader.refusal_logged = now
+            log.info(
+                "segment %d buckets %s: attach refused for %.0f s: %s",
+                reader.segment_id,
+                "all" if reader.buckets is None else sorted(reader.buckets),
+                waited,
+                exc,
+            )
+        else:
+            log.debug("segment %d: attach refused: %s", reader.segment_id, exc)
 
     def _segment_url(self, segment_id: int) -> str | None:
         assigned = self._assignment.get(segment_id)

@@ -10,6 +10,7 @@ import aiohttp
 
 from scalable_topics.core import sessions as proto
 from scalable_topics.core import wire
+from scalable_topics.core.backoff import Backoff
 from scalable_topics.core.hashing import bucket_hash
 
 from ..model import Checkpoint, Message
@@ -134,6 +135,11 @@ class CheckpointConsumer(_ConsumerBase):
         changed = self._state_changed.setdefault(segment_id, asyncio.Event())
         last: int | None = None
         received = -1
+        loop = asyncio.get_running_loop()
+        asking = Backoff(0.1, 5.0)
+        ask_at: float | None = None
+        """When to ask a sealed segment's last position (again, after a failed answer):
+        nothing else wakes this loop once the broker has delivered every entry."""
         while not reader.stopped and not reader.releasing:
             if reader.buckets is not None:
                 # Sharing the segment: the broker says when every entry of our buckets up to
@@ -143,8 +149,9 @@ class CheckpointConsumer(_ConsumerBase):
                         reader.taken.clear()
                         await reader.taken.wait()
                     return True
-            elif last is None and self._sealed(segment_id):
+            elif last is None and self._sealed(segment_id) and loop.time() >= (ask_at or 0.0):
                 last = await self._last_position(reader)
+                ask_at = None if last is not None else loop.time() + asking.delay()
             if last is not None and received >= last:
                 while reader.outstanding > 0:
                     reader.taken.clear()
@@ -158,8 +165,11 @@ class CheckpointConsumer(_ConsumerBase):
                 changed.clear()
                 ready = asyncio.ensure_future(consumer.wait_ready())
                 moved = asyncio.ensure_future(changed.wait())
+                retry = None if ask_at is None else max(0.0, ask_at - loop.time())
                 try:
-                    await asyncio.wait({ready, moved}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        {ready, moved}, timeout=retry, return_when=asyncio.FIRST_COMPLETED
+                    )
                 finally:
                     ready.cancel()
                     moved.cancel()

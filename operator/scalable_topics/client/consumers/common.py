@@ -41,6 +41,9 @@ _FATAL_CLOSES = {
 }
 _WAITING_CODES = {wire.ERR_CONSUMER_BUSY, wire.ERR_BUCKET_CONFLICT}
 """Attach refusals that only mean "the previous owner has not let go yet"."""
+REFUSALS_REPORTED_AFTER = 10.0
+"""Seconds of such refusals after which they are logged (at INFO, then every as many): a
+previous owner that does not let go is a stall to see, a hand-over's usual wait is not."""
 
 _new_tuple: Callable[[type[Message], tuple[Any, ...]], Message] = tuple.__new__
 
@@ -175,6 +178,9 @@ class _Reader:
     """The new owner a moved close frame named: the next attach goes there (no DAG wait)."""
     count: int = 1
     """The segment's bucket count (from the broker's ``HELLO_OK``)."""
+    refused_since: float | None = None
+    """When the broker started refusing this reader's attach as busy (``None``: it is not)."""
+    refusal_logged: float = 0.0
 
     @property
     def key(self) -> ReaderKey:
