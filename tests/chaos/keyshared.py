@@ -183,6 +183,33 @@ def topic_spec(grace: str) -> dict[str, Any]:
     }
 
 
+async def _settle_failure(topic: dict[str, Any] | None, consumers_log: Path, stack: Stack) -> str:
+    """What a failed settle leaves in the test's output, for a CI run whose files are gone: the
+    subscriptions' status (owners, shares, hand-offs, drains), the consumers' last log lines and
+    the operator pods' lines about leadership and consumers."""
+    status = (topic or {}).get("status") or {}
+    lines = ["-- settle failed; topic status.subscriptions:"]
+    lines.append(json.dumps(status.get("subscriptions"), indent=1, sort_keys=True))
+    lines.append("-- consumers.log, last 60 lines:")
+    text = await asyncio.to_thread(consumers_log.read_text, errors="replace")
+    lines.extend(text.splitlines()[-60:])
+    result = await stack.kubectl(
+        "logs",
+        "-n",
+        "scalable-topics",
+        "-l",
+        "app.kubernetes.io/name=scalable-topics-operator",
+        "--prefix",
+        "--tail=5000",
+        check=False,
+    )
+    wanted = ("lease", "leader", "consumer", "drain", "release", "withheld", "subscription")
+    found = [ln for ln in result.stdout.splitlines() if any(w in ln.lower() for w in wanted)]
+    lines.append("-- the operator pods' last 40 lines about leadership and consumers:")
+    lines.extend(found[-40:])
+    return "\n".join(lines)
+
+
 async def run_keyshared(tmp_path: Path, config: KeySharedConfig | None = None) -> KeySharedResult:
     config = config or KeySharedConfig()
     async with operator_stack(tmp_path, operator_replicas=1, brokers=2) as stack:
@@ -397,6 +424,8 @@ async def _run(stack: Stack, tmp_path: Path, config: KeySharedConfig) -> KeyShar
             except AssertionError:
                 topic = await stack.topic(TOPIC, NAMESPACE)
                 (tmp_path / "topic-at-failure.json").write_text(json.dumps(topic, indent=1))
+                consumer_log.flush()
+                print(await _settle_failure(topic, tmp_path / "consumers.log", stack))
                 raise
             await _collect_buckets(nemesis, recorder)
             assert writer is not None and writer.running, "the writer died (writer.log)"
