@@ -22,6 +22,11 @@ stream/segment/topic:
    every system on disk to the end, about 100 GB, and filled a 65 GB disk. Quick mode (no
    capacity rounds) reads what its sweep wrote, at the end.
 
+Between the consume and the latency phases (quick mode: after the capacity probe), phase 1b
+measures the cost of authentication in blocks of A B B A closed-loop probes (`_auth_blocks`);
+in full mode both systems' logs are freed before and after each block, whose 1 KB probes alone
+write about 15 GB.
+
 Every system but Kafka gets the same client shape: one uvloop process, batches of up to `BATCH`
 messages, at most `WINDOW` messages in flight. Server and client CPU use are recorded per step;
 ≥ 85 % of a core is flagged (client-bound / server-bound).
@@ -760,12 +765,12 @@ class _Bench:
                     ),
                     rotate=round_,
                 )
-        self._auth_blocks()
         consumed_early = mode.repeats > 0
         if consumed_early:
             print("[bench] phase 3: consume (what the capacity probes wrote)", flush=True)
             for payload in PAYLOADS:
                 self.each(functools.partial(_consume, payload=payload, mode=mode))
+        self._auth_blocks(drop=consumed_early)
         print("[bench] phase 2: latency (open loop)", flush=True)
         for payload in PAYLOADS:
             self.each(
@@ -788,11 +793,16 @@ class _Bench:
             if runner.server.alive():
                 runner.out.rss_peak_kb = memory_kb(runner.server.pid, "VmHWM")
 
-    def _auth_blocks(self) -> None:
+    def _auth_blocks(self, drop: bool) -> None:
         """Authentication off (A) and on (B) in blocks of A B B A closed-loop probes, back to
         back: the order within a block cancels both the machine's drift and any advantage of
         going first (the second of two back-to-back probes measured 5-7 % lower, whichever
-        system it was), which the capacity rounds' pairs do not."""
+        system it was), which the capacity rounds' pairs do not.
+
+        ``drop`` (the capacity probes' data was consumed already): both systems' logs are
+        freed before the blocks and after each one. A block of 1 KB probes writes about 15 GB
+        at this machine's rates, and three blocks per payload on top of the capacity rounds'
+        data filled its disk."""
         by = {r.system.key: r for r in self.live}
         keys = _auth_pair(by)
         if keys is None:
@@ -803,14 +813,25 @@ class _Bench:
             probe = functools.partial(
                 _Runner.produce, payload=payload, rate=None, kind="pair", mode=self.mode
             )
+            free = functools.partial(_drop, payload=payload)
             for _ in range(max(1, self.mode.repeats)):
+                for r in (off, on) if drop else ():
+                    if r in self.live:
+                        self._guarded(free, r)
                 for r in (off, on, on, off):
                     if r in self.live:
                         self._guarded(probe, r)
+            for r in (off, on) if drop else ():
+                if r in self.live:
+                    self._guarded(free, r)
 
 
 def _consume(r: _Runner, payload: int, mode: Mode) -> None:
     r.consume(payload, mode)
+
+
+def _drop(r: _Runner, payload: int) -> None:
+    r.drop(payload)
 
 
 def _equal_step(r: _Runner, payload: int, rate: float, mode: Mode) -> None:
