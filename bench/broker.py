@@ -801,8 +801,8 @@ class _Bench:
 
         ``drop`` (the capacity probes' data was consumed already): both systems' logs are
         freed before the blocks and after each one. A block of 1 KB probes writes about 15 GB
-        at this machine's rates, and three blocks per payload on top of the capacity rounds'
-        data filled its disk."""
+        at this machine's rates, and full mode's two blocks per payload on top of the
+        capacity rounds' data filled its disk."""
         by = {r.system.key: r for r in self.live}
         keys = _auth_pair(by)
         if keys is None:

@@ -209,11 +209,11 @@ async def test_a_previous_owner_that_does_not_let_go_is_logged(
     monkeypatch.setattr(consumers_base, "REFUSALS_REPORTED_AFTER", 0.5)
     caplog.set_level(logging.INFO, logger="scalable_topics.client")
     env = await _env(operator, brokers, "squatted", segments=1)
+    squatter = await SegmentConsumer.connect(
+        env.placement[0], NS, env.topic, 0, "stream", "squatter"
+    )
+    consumer = StreamConsumer(env.service_url, NS, env.topic, "stream", "c1")
     try:
-        squatter = await SegmentConsumer.connect(
-            env.placement[0], NS, env.topic, 0, "stream", "squatter"
-        )
-        consumer = StreamConsumer(env.service_url, NS, env.topic, "stream", "c1")
         await consumer.start()
         await eventually(lambda: "attach refused for" in caplog.text, within=15)
         refusal = next(m for r in caplog.records if "refused for" in (m := r.getMessage()))
@@ -221,8 +221,9 @@ async def test_a_previous_owner_that_does_not_let_go_is_logged(
 
         await squatter.close()
         await eventually(lambda: "attached after" in caplog.text, within=15)
-        await consumer.close()
     finally:
+        await squatter.close()
+        await consumer.close()
         await env.close()
 
 
