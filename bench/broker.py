@@ -743,7 +743,9 @@ class _Bench:
             self._guarded(fn, runner)
 
     def _guarded(self, fn: Callable[[_Runner], object], runner: _Runner) -> None:
-        """``fn(runner)``; a system that fails leaves the run."""
+        """``fn(runner)`` unless the system already left the run; one that fails leaves it."""
+        if runner not in self.live:
+            return
         try:
             fn(runner)
         except (Exception, asyncio.CancelledError) as e:
@@ -814,16 +816,14 @@ class _Bench:
                 _Runner.produce, payload=payload, rate=None, kind="pair", mode=self.mode
             )
             free = functools.partial(_drop, payload=payload)
+            frees = (off, on) if drop else ()
             for _ in range(max(1, self.mode.repeats)):
-                for r in (off, on) if drop else ():
-                    if r in self.live:
-                        self._guarded(free, r)
-                for r in (off, on, on, off):
-                    if r in self.live:
-                        self._guarded(probe, r)
-            for r in (off, on) if drop else ():
-                if r in self.live:
+                for r in frees:
                     self._guarded(free, r)
+                for r in (off, on, on, off):
+                    self._guarded(probe, r)
+            for r in frees:
+                self._guarded(free, r)
 
 
 def _consume(r: _Runner, payload: int, mode: Mode) -> None:

@@ -424,7 +424,6 @@ async def _run(stack: Stack, tmp_path: Path, config: KeySharedConfig) -> KeyShar
             except AssertionError:
                 topic = await stack.topic(TOPIC, NAMESPACE)
                 (tmp_path / "topic-at-failure.json").write_text(json.dumps(topic, indent=1))
-                consumer_log.flush()
                 print(await _settle_failure(topic, tmp_path / "consumers.log", stack))
                 raise
             await _collect_buckets(nemesis, recorder)
